@@ -1,0 +1,80 @@
+//! What every mini-broker node and client shares: the static cluster [`Topology`] (which
+//! coordinator owns which transactional id, which leader owns which partition), the protocol's
+//! identifier types and limits, and the `Cluster` gRPC service (FindCoordinator, Metadata) that
+//! every node serves.
+//!
+//! Modules:
+//! - [`topology`]: the topology file, its validation, and Kafka-compatible id routing.
+//! - [`service`]: the `Cluster` gRPC service over a topology.
+
+pub mod service;
+pub mod topology;
+
+pub use service::ClusterService;
+pub use topology::{state_partition_for, Node, NodeId, Topic, Topology, TopologyError};
+
+/// A producer id (PID), allocated by a coordinator. `-1` means none.
+pub type ProducerId = i64;
+/// A producer epoch; only ever grows for a PID. `-1` means none.
+pub type ProducerEpoch = i16;
+
+/// Longest transactional id or group id accepted anywhere (bytes).
+pub const MAX_ID_LEN: usize = 255;
+
+/// Default transaction timeout a client asks for (Kafka's `transaction.timeout.ms` default).
+pub const DEFAULT_TRANSACTION_TIMEOUT_MS: i32 = 60_000;
+
+/// Largest transaction timeout a coordinator accepts (Kafka's `transaction.max.timeout.ms`).
+pub const MAX_TRANSACTION_TIMEOUT_MS: i32 = 900_000;
+
+/// A topic partition.
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct TopicPartition {
+    /// Topic name.
+    pub topic: String,
+    /// Partition index.
+    pub partition: i32,
+}
+
+impl TopicPartition {
+    /// A topic partition.
+    pub fn new(topic: impl Into<String>, partition: i32) -> Self {
+        Self {
+            topic: topic.into(),
+            partition,
+        }
+    }
+}
+
+impl std::fmt::Display for TopicPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.topic, self.partition)
+    }
+}
+
+impl From<proto::TopicPartition> for TopicPartition {
+    fn from(tp: proto::TopicPartition) -> Self {
+        Self::new(tp.topic, tp.partition)
+    }
+}
+
+impl From<TopicPartition> for proto::TopicPartition {
+    fn from(tp: TopicPartition) -> Self {
+        proto::TopicPartition {
+            topic: tp.topic,
+            partition: tp.partition,
+        }
+    }
+}
+
+/// Converts a wire epoch (int32) to a [`ProducerEpoch`], or `None` if it is out of range.
+/// `allow_none` accepts `-1` ("no epoch").
+pub fn epoch_from_wire(epoch: i32, allow_none: bool) -> Option<ProducerEpoch> {
+    match epoch {
+        -1 if allow_none => Some(-1),
+        0..=0x7fff => Some(epoch as ProducerEpoch),
+        _ => None,
+    }
+}

@@ -1,0 +1,369 @@
+//! The static cluster topology that every node and the client tooling read from one TOML file.
+//!
+//! ```toml
+//! transaction_state_partitions = 8
+//!
+//! [[coordinators]]
+//! id = 1
+//! address = "127.0.0.1:9101"
+//!
+//! [[leaders]]
+//! id = 101
+//! address = "127.0.0.1:9201"
+//!
+//! [[topics]]
+//! name = "orders"
+//! # partition i is led by leaders[i]
+//! leaders = [101, 101, 101]
+//! ```
+//!
+//! Routing (PROTOCOL.md section 1): a transactional id (or group id) maps to the state partition
+//! `java_hash(id) & 0x7fffffff mod P`, exactly as Kafka's `partitionFor`, and state partition `p`
+//! is owned by the coordinator at index `p mod C` of the coordinators sorted by id. Both are pure
+//! functions of the file, so every node agrees without talking.
+//!
+//! CAVEATS: the topology is static. There is no reassignment of state partitions or partition
+//! leadership; a restarted node comes back at the same address with the same data directory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// A node's id (coordinators and leaders share one id space).
+pub type NodeId = i32;
+
+/// Longest topic name accepted in a topology file (Kafka's limit).
+pub const MAX_TOPIC_NAME_LEN: usize = 249;
+
+/// A node with the address other nodes and clients reach it at.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// Unique node id.
+    pub id: NodeId,
+    /// `host:port` that others dial.
+    pub address: String,
+}
+
+/// A topic and, per partition index, the id of the leader that owns it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topic {
+    /// Topic name.
+    pub name: String,
+    /// `leaders[i]` is the node id of partition `i`'s leader.
+    pub leaders: Vec<NodeId>,
+}
+
+/// The whole cluster shape, as parsed and validated from the topology file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// Number of `__transaction_state` partitions (P).
+    pub transaction_state_partitions: i32,
+    /// Transaction (and group) coordinators.
+    pub coordinators: Vec<Node>,
+    /// Partition leaders.
+    #[serde(default)]
+    pub leaders: Vec<Node>,
+    /// Topics and their partition leadership.
+    #[serde(default)]
+    pub topics: Vec<Topic>,
+}
+
+/// Why a topology file was rejected. Each message names the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    /// The file could not be read.
+    #[error("cannot read topology file {path}: {source}")]
+    Io {
+        /// The path that was read.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML of the expected shape.
+    #[error("topology file is not valid: {0}")]
+    Parse(String),
+    /// The file parsed but describes an impossible cluster.
+    #[error("invalid topology: {0}")]
+    Invalid(String),
+}
+
+impl Topology {
+    /// Reads, parses and validates a topology file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, TopologyError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Parses and validates topology TOML.
+    pub fn parse(text: &str) -> Result<Self, TopologyError> {
+        let topology: Topology =
+            toml::from_str(text).map_err(|e| TopologyError::Parse(e.to_string()))?;
+        topology.validate()?;
+        Ok(topology)
+    }
+
+    /// Renders the topology as TOML (what [`Topology::parse`] reads back).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a topology always serialises")
+    }
+
+    /// Checks every structural rule; the error names the first problem found.
+    pub fn validate(&self) -> Result<(), TopologyError> {
+        let invalid = |m: String| Err(TopologyError::Invalid(m));
+        if self.transaction_state_partitions <= 0 {
+            return invalid(format!(
+                "transaction_state_partitions must be positive, got {}",
+                self.transaction_state_partitions
+            ));
+        }
+        if self.coordinators.is_empty() {
+            return invalid("at least one coordinator is required".into());
+        }
+        let mut ids = BTreeSet::new();
+        for node in self.coordinators.iter().chain(&self.leaders) {
+            if !ids.insert(node.id) {
+                return invalid(format!("node id {} is used twice", node.id));
+            }
+            if node.address.trim().is_empty() {
+                return invalid(format!("node {} has an empty address", node.id));
+            }
+        }
+        let leader_ids: BTreeSet<NodeId> = self.leaders.iter().map(|n| n.id).collect();
+        let mut names = BTreeSet::new();
+        for topic in &self.topics {
+            if topic.name.is_empty() || topic.name.len() > MAX_TOPIC_NAME_LEN {
+                return invalid(format!(
+                    "topic name {:?} must be 1..={MAX_TOPIC_NAME_LEN} bytes",
+                    topic.name
+                ));
+            }
+            if !names.insert(topic.name.as_str()) {
+                return invalid(format!("topic {} is declared twice", topic.name));
+            }
+            if topic.leaders.is_empty() {
+                return invalid(format!("topic {} has no partitions", topic.name));
+            }
+            for (partition, leader) in topic.leaders.iter().enumerate() {
+                if !leader_ids.contains(leader) {
+                    return invalid(format!(
+                        "topic {} partition {partition} names leader {leader}, which is not in [[leaders]]",
+                        topic.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Coordinators sorted by id: the order state partitions are dealt out in.
+    fn sorted_coordinators(&self) -> Vec<&Node> {
+        let mut nodes: Vec<&Node> = self.coordinators.iter().collect();
+        nodes.sort_by_key(|n| n.id);
+        nodes
+    }
+
+    /// The `__transaction_state` partition a transactional id or group id maps to.
+    pub fn state_partition(&self, key: &str) -> i32 {
+        state_partition_for(key, self.transaction_state_partitions)
+    }
+
+    /// The coordinator that owns state partition `partition`.
+    pub fn coordinator_for_partition(&self, partition: i32) -> &Node {
+        let nodes = self.sorted_coordinators();
+        let index = partition.rem_euclid(nodes.len() as i32) as usize;
+        nodes[index]
+    }
+
+    /// The coordinator that owns a transactional id or group id.
+    pub fn coordinator_for(&self, key: &str) -> &Node {
+        self.coordinator_for_partition(self.state_partition(key))
+    }
+
+    /// The state partitions coordinator `id` owns (empty if `id` is not a coordinator).
+    pub fn owned_state_partitions(&self, id: NodeId) -> BTreeSet<i32> {
+        (0..self.transaction_state_partitions)
+            .filter(|p| self.coordinator_for_partition(*p).id == id)
+            .collect()
+    }
+
+    /// `coordinator_index(id)` is this coordinator's position among the coordinators sorted by
+    /// id, and `coordinator_count()` their number: used to stride PID allocation so PIDs never
+    /// collide across coordinators.
+    pub fn coordinator_index(&self, id: NodeId) -> Option<usize> {
+        self.sorted_coordinators().iter().position(|n| n.id == id)
+    }
+
+    /// Number of coordinators.
+    pub fn coordinator_count(&self) -> usize {
+        self.coordinators.len()
+    }
+
+    /// A coordinator by id.
+    pub fn coordinator(&self, id: NodeId) -> Option<&Node> {
+        self.coordinators.iter().find(|n| n.id == id)
+    }
+
+    /// A leader by id.
+    pub fn leader(&self, id: NodeId) -> Option<&Node> {
+        self.leaders.iter().find(|n| n.id == id)
+    }
+
+    /// A topic by name.
+    pub fn topic(&self, name: &str) -> Option<&Topic> {
+        self.topics.iter().find(|t| t.name == name)
+    }
+
+    /// The leader of `topic`/`partition`, or `None` if the topic or partition does not exist.
+    pub fn leader_for(&self, topic: &str, partition: i32) -> Option<&Node> {
+        let topic = self.topic(topic)?;
+        let leader = *topic.leaders.get(usize::try_from(partition).ok()?)?;
+        self.leader(leader)
+    }
+
+    /// Whether `topic`/`partition` exists.
+    pub fn partition_exists(&self, topic: &str, partition: i32) -> bool {
+        self.leader_for(topic, partition).is_some()
+    }
+
+    /// Every (topic, partition) that leader `id` owns.
+    pub fn partitions_led_by(&self, id: NodeId) -> Vec<(String, i32)> {
+        self.topics
+            .iter()
+            .flat_map(|t| {
+                t.leaders
+                    .iter()
+                    .enumerate()
+                    .filter(move |(_, l)| **l == id)
+                    .map(move |(p, _)| (t.name.clone(), p as i32))
+            })
+            .collect()
+    }
+
+    /// Partitions per topic, for display.
+    pub fn partition_counts(&self) -> BTreeMap<String, usize> {
+        self.topics
+            .iter()
+            .map(|t| (t.name.clone(), t.leaders.len()))
+            .collect()
+    }
+}
+
+/// Java's `String.hashCode` over UTF-16 code units: the stable hash Kafka routes by.
+pub fn java_string_hash(key: &str) -> i32 {
+    key.encode_utf16()
+        .fold(0i32, |h, unit| h.wrapping_mul(31).wrapping_add(unit as i32))
+}
+
+/// Kafka's `partitionFor`: `Utils.abs(hash) % partitions` where `Utils.abs` masks the sign bit.
+pub fn state_partition_for(key: &str, partitions: i32) -> i32 {
+    (java_string_hash(key) & 0x7fff_ffff) % partitions.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Topology {
+        Topology::parse(
+            r#"
+            transaction_state_partitions = 8
+            [[coordinators]]
+            id = 2
+            address = "c2:1"
+            [[coordinators]]
+            id = 1
+            address = "c1:1"
+            [[leaders]]
+            id = 101
+            address = "l1:1"
+            [[leaders]]
+            id = 102
+            address = "l2:1"
+            [[topics]]
+            name = "orders"
+            leaders = [101, 102, 101]
+            "#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn java_hash_matches_java() {
+        // Values from java.lang.String#hashCode.
+        assert_eq!(java_string_hash(""), 0);
+        assert_eq!(java_string_hash("a"), 97);
+        assert_eq!(java_string_hash("hello"), 99_162_322);
+        assert_eq!(java_string_hash("transactional-id-1"), 1_051_133_891);
+    }
+
+    #[test]
+    fn state_partition_is_stable_and_in_range() {
+        let t = sample();
+        for key in ["", "a", "txn-a", "transactional-id-1", "ünïcødé"] {
+            let p = t.state_partition(key);
+            assert!((0..8).contains(&p));
+            assert_eq!(p, t.state_partition(key));
+        }
+    }
+
+    #[test]
+    fn state_partitions_are_dealt_to_coordinators_sorted_by_id() {
+        let t = sample();
+        assert_eq!(t.coordinator_for_partition(0).id, 1);
+        assert_eq!(t.coordinator_for_partition(1).id, 2);
+        assert_eq!(
+            t.owned_state_partitions(1).into_iter().collect::<Vec<_>>(),
+            vec![0, 2, 4, 6]
+        );
+        assert!(t.owned_state_partitions(101).is_empty());
+        assert_eq!(t.coordinator_index(2), Some(1));
+    }
+
+    #[test]
+    fn leaders_by_partition() {
+        let t = sample();
+        assert_eq!(t.leader_for("orders", 1).unwrap().id, 102);
+        assert!(t.leader_for("orders", 3).is_none());
+        assert!(t.leader_for("orders", -1).is_none());
+        assert!(t.leader_for("nope", 0).is_none());
+        assert_eq!(
+            t.partitions_led_by(101),
+            vec![("orders".to_string(), 0), ("orders".to_string(), 2)]
+        );
+    }
+
+    #[test]
+    fn round_trips_through_toml() {
+        let t = sample();
+        assert_eq!(Topology::parse(&t.to_toml()).unwrap(), t);
+    }
+
+    #[test]
+    fn invalid_files_name_the_problem() {
+        let cases = [
+            ("transaction_state_partitions = 0\n[[coordinators]]\nid=1\naddress=\"a\"", "must be positive"),
+            ("transaction_state_partitions = 1", "coordinators"),
+            ("transaction_state_partitions = 1\ncoordinators = []", "at least one coordinator"),
+            ("transaction_state_partitions = 1\n[[coordinators]]\nid=1\naddress=\"a\"\n[[leaders]]\nid=1\naddress=\"b\"", "node id 1 is used twice"),
+            ("transaction_state_partitions = 1\n[[coordinators]]\nid=1\naddress=\"a\"\n[[topics]]\nname=\"t\"\nleaders=[7]", "leader 7"),
+            ("transaction_state_partitions = 1\n[[coordinators]]\nid=1\naddress=\"a\"\n[[topics]]\nname=\"t\"\nleaders=[]", "no partitions"),
+            ("transaction_state_partitions = 1\n[[coordinators]]\nid=1\naddress=\" \"", "empty address"),
+            ("bogus = 1", "not valid"),
+            ("\u{0}\u{1}garbage", "not valid"),
+        ];
+        for (text, needle) in cases {
+            let err = Topology::parse(text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
+        let err = Topology::load("/definitely/not/here.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/definitely/not/here.toml"), "{err}");
+    }
+}

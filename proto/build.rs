@@ -1,0 +1,11 @@
+//! Generates the gRPC code from `proto/minibroker.proto` with a vendored `protoc`, so a fresh
+//! checkout builds with `cargo` alone.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    // `PROTOC` is read by prost-build below; build scripts are single-threaded.
+    std::env::set_var("PROTOC", protoc);
+    println!("cargo:rerun-if-changed=proto");
+    tonic_prost_build::configure().compile_protos(&["proto/minibroker.proto"], &["proto"])?;
+    Ok(())
+}
