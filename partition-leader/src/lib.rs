@@ -1,1 +1,7 @@
-//! Placeholder: filled in by its issue.
+//! Partition leader (placeholder header, completed with the service).
+
+pub mod core;
+pub mod error;
+pub mod storage;
+
+pub use error::Error;

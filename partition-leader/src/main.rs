@@ -1,0 +1,3 @@
+//! `partition-leader` binary (being written).
+
+fn main() {}
