@@ -1,0 +1,279 @@
+//! [`Admin`]: the operator's view (ListTransactions, DescribeTransactions, DescribeProducers,
+//! Metadata), and [`RawRequests`]: single protocol requests with explicit (PID, epoch), for tools
+//! and tests that must show what a *zombie* gets back from each service.
+//!
+//! Raw requests still retry retriable errors (so a moved coordinator is not mistaken for an
+//! answer), but never interpret or remember anything.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster::TopicPartition;
+use proto::{
+    AddPartitionsToTxnRequest, CoordinatorKeyType, DescribeProducersRequest,
+    DescribeTransactionsRequest, EndTxnRequest, InitProducerIdRequest, ListTransactionsRequest,
+    ProducerStateDescription, RecordBatch, TransactionDescription, TransactionListing, TxnResult,
+    TxnState,
+};
+
+use crate::config::ClientConfig;
+use crate::error::{Error, Result};
+use crate::net::{ClusterMetadata, Connections};
+use crate::produce::{self, RecordMetadata};
+use crate::transactional::coordinator_rpc;
+
+/// Administrative requests.
+#[derive(Clone, Debug)]
+pub struct Admin {
+    conn: Connections,
+}
+
+impl Admin {
+    /// An admin client.
+    pub fn new(config: ClientConfig) -> Result<Self> {
+        Ok(Self {
+            conn: Connections::new(config)?,
+        })
+    }
+
+    /// The cluster metadata (fresh).
+    pub async fn metadata(&self) -> Result<Arc<ClusterMetadata>> {
+        self.conn.refresh_metadata().await
+    }
+
+    /// ListTransactions on every coordinator; each listing with the coordinator's id.
+    pub async fn list_transactions(
+        &self,
+        states: &[TxnState],
+    ) -> Result<Vec<(i32, TransactionListing)>> {
+        let metadata = self.conn.metadata().await?;
+        let mut out = Vec::new();
+        for node in &metadata.coordinators {
+            let mut client = self.conn.coordinator(&node.address)?;
+            let request = ListTransactionsRequest {
+                state_filters: states.iter().map(|s| *s as i32).collect(),
+            };
+            let response = self
+                .conn
+                .rpc(
+                    &node.address,
+                    Duration::ZERO,
+                    client.list_transactions(request),
+                )
+                .await?;
+            Error::check(response.error_code, &response.error_message)?;
+            out.extend(
+                response
+                    .transactions
+                    .into_iter()
+                    .map(|t| (response.coordinator_id, t)),
+            );
+        }
+        out.sort_by(|a, b| a.1.transactional_id.cmp(&b.1.transactional_id));
+        Ok(out)
+    }
+
+    /// DescribeTransactions for one id, at its coordinator.
+    pub async fn describe_transaction(
+        &self,
+        transactional_id: &str,
+    ) -> Result<TransactionDescription> {
+        let coordinator = self
+            .conn
+            .find_coordinator(transactional_id, CoordinatorKeyType::Transaction)
+            .await?;
+        let mut client = self.conn.coordinator(&coordinator.address)?;
+        let request = DescribeTransactionsRequest {
+            transactional_ids: vec![transactional_id.to_string()],
+        };
+        let response = self
+            .conn
+            .rpc(
+                &coordinator.address,
+                Duration::ZERO,
+                client.describe_transactions(request),
+            )
+            .await?;
+        let description =
+            response
+                .transactions
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::Server {
+                    code: proto::ErrorCode::UnknownServerError,
+                    message: "DescribeTransactions returned no description".into(),
+                })?;
+        Error::check(description.error_code, &description.error_message)?;
+        Ok(description)
+    }
+
+    /// DescribeProducers for one partition, at its leader.
+    pub async fn describe_producers(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Vec<ProducerStateDescription>> {
+        let leader = self.conn.leader_for(topic, partition).await?;
+        let mut client = self.conn.leader(&leader.address)?;
+        let request = DescribeProducersRequest {
+            topic: topic.to_string(),
+            partition,
+        };
+        let response = self
+            .conn
+            .rpc(
+                &leader.address,
+                Duration::ZERO,
+                client.describe_producers(request),
+            )
+            .await?;
+        Error::check(response.error_code, &response.error_message)?;
+        Ok(response.producers)
+    }
+
+    /// High watermark and LSO of every partition of `topic` (a Fetch of 0 bytes at offset 0).
+    pub async fn end_offsets(&self, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>> {
+        let count = self.conn.partition_count(topic).await?;
+        let mut out = BTreeMap::new();
+        for partition in 0..count {
+            let leader = self.conn.leader_for(topic, partition).await?;
+            let mut client = self.conn.leader(&leader.address)?;
+            let request = proto::FetchRequest {
+                topic: topic.to_string(),
+                partition,
+                offset: 0,
+                max_bytes: 1,
+                isolation_level: proto::IsolationLevel::ReadUncommitted as i32,
+                max_wait_ms: 0,
+            };
+            let r = self
+                .conn
+                .rpc(&leader.address, Duration::ZERO, client.fetch(request))
+                .await?;
+            Error::check(r.error_code, &r.error_message)?;
+            out.insert(partition, (r.high_watermark, r.last_stable_offset));
+        }
+        Ok(out)
+    }
+}
+
+/// Single protocol requests with an explicit (PID, epoch): what a zombie instance would send.
+#[derive(Clone, Debug)]
+pub struct RawRequests {
+    conn: Connections,
+}
+
+impl RawRequests {
+    /// Raw requests over `config`'s cluster.
+    pub fn new(config: ClientConfig) -> Result<Self> {
+        Ok(Self {
+            conn: Connections::new(config)?,
+        })
+    }
+
+    /// InitProducerId at the id's coordinator; returns (PID, epoch).
+    pub async fn init_producer_id(
+        &self,
+        transactional_id: &str,
+        transaction_timeout_ms: i32,
+        expected: Option<(i64, i16)>,
+    ) -> Result<(i64, i16)> {
+        let (expected_producer_id, expected_producer_epoch) =
+            expected.map_or((-1, -1), |(p, e)| (p, i32::from(e)));
+        let request = InitProducerIdRequest {
+            transactional_id: Some(transactional_id.to_string()),
+            transaction_timeout_ms,
+            expected_producer_id,
+            expected_producer_epoch,
+        };
+        let r = coordinator_rpc(
+            &self.conn,
+            &mut None,
+            transactional_id,
+            CoordinatorKeyType::Transaction,
+            request,
+            |mut c, r| async move { c.init_producer_id(r).await },
+        )
+        .await?;
+        Ok((r.producer_id, r.producer_epoch as i16))
+    }
+
+    /// AddPartitionsToTxn with the given (PID, epoch).
+    pub async fn add_partitions(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &[TopicPartition],
+    ) -> Result<()> {
+        let request = AddPartitionsToTxnRequest {
+            transactional_id: transactional_id.to_string(),
+            producer_id,
+            producer_epoch: i32::from(epoch),
+            partitions: partitions.iter().cloned().map(Into::into).collect(),
+        };
+        coordinator_rpc(
+            &self.conn,
+            &mut None,
+            transactional_id,
+            CoordinatorKeyType::Transaction,
+            request,
+            |mut c, r| async move { c.add_partitions_to_txn(r).await },
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// EndTxn with the given (PID, epoch); returns the (PID, epoch) the coordinator answered.
+    pub async fn end_txn(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        epoch: i16,
+        commit: bool,
+    ) -> Result<(i64, i16)> {
+        let request = EndTxnRequest {
+            transactional_id: transactional_id.to_string(),
+            producer_id,
+            producer_epoch: i32::from(epoch),
+            result: if commit {
+                TxnResult::Commit
+            } else {
+                TxnResult::Abort
+            } as i32,
+        };
+        let r = coordinator_rpc(
+            &self.conn,
+            &mut None,
+            transactional_id,
+            CoordinatorKeyType::Transaction,
+            request,
+            |mut c, r| async move { c.end_txn(r).await },
+        )
+        .await?;
+        Ok((r.producer_id, r.producer_epoch as i16))
+    }
+
+    /// Produce of one batch to `tp` with exactly the fields given.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn produce(
+        &self,
+        tp: &TopicPartition,
+        transactional_id: Option<&str>,
+        producer_id: i64,
+        epoch: i16,
+        base_sequence: i32,
+        values: Vec<Vec<u8>>,
+    ) -> Result<RecordMetadata> {
+        let batch = RecordBatch {
+            producer_id,
+            producer_epoch: i32::from(epoch),
+            base_sequence,
+            is_transactional: transactional_id.is_some(),
+            transactional_id: transactional_id.unwrap_or_default().to_string(),
+            records: produce::records(&[], values),
+        };
+        produce::produce(&self.conn, tp, batch).await
+    }
+}

@@ -1,0 +1,148 @@
+//! [`ClientConfig`]: where the cluster is and how patient the client is.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Settings shared by every client type. Build one with [`ClientConfig::new`] and the `with_*`
+/// methods; the defaults suit a local cluster.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// `host:port` of any node(s); the client learns the rest through Metadata/FindCoordinator.
+    pub bootstrap: Vec<String>,
+    /// The transactional id (required by [`crate::TransactionalProducer`]).
+    pub transactional_id: Option<String>,
+    /// Asked of the coordinator in InitProducerId (Kafka's `transaction.timeout.ms`).
+    pub transaction_timeout_ms: i32,
+    /// Deadline of one request (a long-poll Fetch gets its wait added to this).
+    pub request_timeout: Duration,
+    /// Deadline for opening a connection.
+    pub connect_timeout: Duration,
+    /// First retry backoff; doubles per attempt, with jitter.
+    pub retry_backoff: Duration,
+    /// Cap on one backoff.
+    pub retry_backoff_max: Duration,
+    /// How many times a retriable error is retried before it reaches the application.
+    pub max_retries: u32,
+}
+
+impl ClientConfig {
+    /// A configuration with defaults, bootstrapping from `bootstrap`.
+    pub fn new<I, S>(bootstrap: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            bootstrap: bootstrap.into_iter().map(Into::into).collect(),
+            transactional_id: None,
+            transaction_timeout_ms: cluster::DEFAULT_TRANSACTION_TIMEOUT_MS,
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+            retry_backoff: Duration::from_millis(20),
+            retry_backoff_max: Duration::from_millis(500),
+            max_retries: 60,
+        }
+    }
+
+    /// Sets the transactional id.
+    pub fn with_transactional_id(mut self, id: impl Into<String>) -> Self {
+        self.transactional_id = Some(id.into());
+        self
+    }
+
+    /// Sets the transaction timeout asked of the coordinator.
+    pub fn with_transaction_timeout_ms(mut self, ms: i32) -> Self {
+        self.transaction_timeout_ms = ms;
+        self
+    }
+
+    /// Sets the per-request deadline.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets the retry budget.
+    pub fn with_max_retries(mut self, retries: u32) -> Self {
+        self.max_retries = retries;
+        self
+    }
+
+    /// Sets the first backoff and its cap.
+    pub fn with_retry_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.retry_backoff = first;
+        self.retry_backoff_max = max;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.bootstrap.is_empty() || self.bootstrap.iter().any(|a| a.trim().is_empty()) {
+            return Err(Error::Config(
+                "at least one non-empty bootstrap address is required".into(),
+            ));
+        }
+        if self.transaction_timeout_ms <= 0 {
+            return Err(Error::Config(format!(
+                "transaction_timeout_ms must be positive, got {}",
+                self.transaction_timeout_ms
+            )));
+        }
+        if let Some(id) = &self.transactional_id {
+            if id.is_empty() || id.len() > cluster::MAX_ID_LEN {
+                return Err(Error::Config(format!(
+                    "transactional_id must be 1..={} bytes",
+                    cluster::MAX_ID_LEN
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bounded exponential backoff with full jitter.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    first: Duration,
+    max: Duration,
+    attempts_left: u32,
+    attempt: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new(config: &ClientConfig) -> Self {
+        Self {
+            first: config.retry_backoff.max(Duration::from_millis(1)),
+            max: config.retry_backoff_max.max(config.retry_backoff),
+            attempts_left: config.max_retries,
+            attempt: 0,
+        }
+    }
+
+    /// Sleeps before the next attempt, or returns `false` when the budget is spent.
+    pub(crate) async fn wait(&mut self) -> bool {
+        if self.attempts_left == 0 {
+            return false;
+        }
+        self.attempts_left -= 1;
+        let exp = self
+            .first
+            .saturating_mul(1u32 << self.attempt.min(16))
+            .min(self.max);
+        self.attempt += 1;
+        // Jitter in [exp/2, exp]: spreads retries of many clients without starving any one.
+        let half = exp / 2;
+        let jitter = rand::random::<f64>();
+        tokio::time::sleep(half + half.mul_f64(jitter)).await;
+        true
+    }
+}
+
+/// Wraps a bare `host:port` as the URI tonic dials.
+pub(crate) fn uri(address: &str) -> String {
+    if address.starts_with("http://") || address.starts_with("https://") {
+        address.to_string()
+    } else {
+        format!("http://{address}")
+    }
+}
