@@ -1,1 +1,43 @@
-//! Placeholder: filled in by its issue.
+//! The mini-broker transaction coordinator (issue 2; PROTOCOL.md sections 1-8).
+//!
+//! Modules:
+//! - [`core`]: the pure state machine. Per transactional id, [`core::TxnMetadata`]; per request
+//!   a function returning what to persist, which markers to send and the reply.
+//! - [`storage`]: a small [`storage::Storage`] trait with a sled engine (tree
+//!   `__transaction_state`) and an in-memory engine.
+//! - [`service`]: the tonic shell: [`serve`], proto <-> domain, routing and input checks,
+//!   per-id serialisation, markers to partition leaders, recovery on start, the timeout scan.
+//!
+//! One request, EndTxn(COMMIT), walked through: the `service` checks the input (id length,
+//! epoch range) and that this node owns the id (`topology.coordinator_for`), takes the id's lock,
+//! calls [`core::end_txn`], which answers with new metadata (PrepareCommit, epoch + 1) and a
+//! [`core::MarkerJob`]; the shell makes the metadata durable through [`storage::Storage`], replies
+//! OK with the bumped (PID, epoch), and spawns the marker writer: WriteTxnMarkers to every leader
+//! in parallel (and WriteGroupOffsetMarker to each group's coordinator), retried with backoff until
+//! acknowledged; then [`core::complete_markers`] moves the id to CompleteCommit, which is
+//! persisted too. A crash between the two writes leaves PrepareCommit on disk; the next start
+//! re-sends the markers and completes the commit.
+
+pub mod core;
+pub mod service;
+pub mod storage;
+
+/// The coordinator library's error: protocol decisions plus I/O, storage and transport.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A protocol decision (mapped to an error code on the wire).
+    #[error(transparent)]
+    Protocol(#[from] core::TxnError),
+    /// The storage engine failed.
+    #[error("storage: {0}")]
+    Storage(#[from] storage::StorageError),
+    /// The gRPC server failed.
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Bad configuration (e.g. this node is not a coordinator in the topology).
+    #[error("configuration: {0}")]
+    Config(String),
+    /// An I/O error.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}

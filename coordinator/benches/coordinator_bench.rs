@@ -1,0 +1,2 @@
+//! Coordinator benchmark (work in progress).
+fn main() {}

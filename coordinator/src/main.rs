@@ -1,0 +1,2 @@
+//! The `coordinator` binary (work in progress).
+fn main() {}
