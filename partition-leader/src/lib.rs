@@ -1,7 +1,38 @@
-//! Partition leader (placeholder header, completed with the service).
+//! The mini-broker partition leader (issue 3): it owns partition logs on disk and is the second
+//! line of the fencing defence (PROTOCOL.md sections 7 and 9).
+//!
+//! Modules:
+//! - [`core`]: pure, synchronous producer-state checks, markers, LSO and the read_committed
+//!   filter. Decides; never does I/O.
+//! - [`storage`]: the [`storage::Storage`] trait with a sled engine and an in-memory engine.
+//! - [`verify`]: asking the owning coordinator before a batch opens a transaction here.
+//! - [`service`]: the tonic shell ([`service::LeaderService`]), [`LeaderConfig`] and [`serve`].
+//! - [`error`]: the crate's [`Error`] and its single mapping to wire codes.
+//!
+//! One transactional Produce, walked through:
+//! 1. `service` finds the partition (UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER from the
+//!    static topology) and converts the proto batch;
+//! 2. `core::validate_batch` rejects bad input (INVALID_REQUEST, MESSAGE_TOO_LARGE) before any
+//!    state is touched;
+//! 3. under the partition's write lock, `PartitionState::check_produce` runs section 9's checks
+//!    in order: duplicate, epoch (fencing), sequence, transaction state;
+//! 4. if the batch would open a transaction here, the lock is released and `verify` asks the
+//!    coordinator; then step 3 runs again with `verified = true`;
+//! 5. the returned `Plan` (offsets, the PID's new state, aborted-index entry) is written by
+//!    `storage` in one sled transaction and flushed, and only then applied to memory, long
+//!    polls are woken, and the reply (base offset, high watermark) is sent.
+//!
+//! A coordinator's WriteTxnMarkers takes the same path through `PartitionState::plan_marker`;
+//! a Fetch reads a `FetchView` (HW or LSO, aborted ranges) and scans `storage`.
+//!
+//! CAVEATS: single replica per partition (no followers, no ISR); no retention; the topology is
+//! static. See each module's CAVEATS.
 
 pub mod core;
 pub mod error;
+pub mod service;
 pub mod storage;
+pub mod verify;
 
 pub use error::Error;
+pub use service::{serve, serve_with, LeaderConfig, LeaderService};

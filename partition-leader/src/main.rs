@@ -1,3 +1,84 @@
-//! `partition-leader` binary (being written).
+//! The `partition-leader` binary: flags (with environment fallbacks), tracing, and
+//! [`partition_leader::serve`] until SIGTERM or ctrl-c.
 
-fn main() {}
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use partition_leader::LeaderConfig;
+use tracing_subscriber::EnvFilter;
+
+/// A mini-broker partition leader.
+#[derive(Debug, Parser)]
+#[command(name = "partition-leader", version, about)]
+struct Args {
+    /// This node's id (must be a leader in the topology).
+    #[arg(long, env = "NODE_ID")]
+    node_id: i32,
+    /// Address to listen on, e.g. 0.0.0.0:9201.
+    #[arg(long = "listen", env = "LISTEN_ADDR")]
+    listen: SocketAddr,
+    /// Directory of the sled database.
+    #[arg(long, env = "DATA_DIR")]
+    data_dir: PathBuf,
+    /// Topology TOML file.
+    #[arg(long, env = "TOPOLOGY")]
+    topology: PathBuf,
+    /// Largest batch accepted, in bytes.
+    #[arg(long, env = "MAX_BATCH_BYTES", default_value_t = 1024 * 1024)]
+    max_batch_bytes: usize,
+    /// Largest record accepted, in bytes.
+    #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = 1024 * 1024)]
+    max_record_bytes: usize,
+    /// DANGER: do not fence older epochs at this leader (demonstrates that the checker catches it).
+    #[arg(long, env = "UNSAFE_SKIP_EPOCH_CHECK", hide = true)]
+    unsafe_skip_epoch_check: bool,
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutdown requested");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    let topology = cluster::Topology::load(&args.topology)
+        .with_context(|| format!("loading topology {}", args.topology.display()))?;
+    if topology.leader(args.node_id).is_none() {
+        anyhow::bail!("node {} is not a leader in the topology", args.node_id);
+    }
+    let mut config = LeaderConfig::new(args.node_id, args.data_dir, Arc::new(topology));
+    config.max_batch_bytes = args.max_batch_bytes;
+    config.max_record_bytes = args.max_record_bytes;
+    config.unsafe_skip_epoch_check = args.unsafe_skip_epoch_check;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    partition_leader::serve(config, listener, shutdown_signal()).await?;
+    Ok(())
+}
