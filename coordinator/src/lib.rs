@@ -22,9 +22,17 @@ pub mod core;
 pub mod service;
 pub mod storage;
 
+pub use service::{serve, serve_with_storage, CoordinatorConfig};
+
 /// The coordinator library's error: protocol decisions plus I/O, storage and transport.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The id or group is owned by another coordinator (NOT_COORDINATOR).
+    #[error("not the coordinator of {0:?}")]
+    NotCoordinator(String),
+    /// State is still being loaded after a start (COORDINATOR_LOAD_IN_PROGRESS).
+    #[error("coordinator is loading its state")]
+    CoordinatorLoadInProgress,
     /// A protocol decision (mapped to an error code on the wire).
     #[error(transparent)]
     Protocol(#[from] core::TxnError),

@@ -1,2 +1,93 @@
-//! The `coordinator` binary (work in progress).
-fn main() {}
+//! The `coordinator` binary: a thin wrapper around [`coordinator::serve`].
+//!
+//! ```text
+//! coordinator --node-id 1 --listen 0.0.0.0:9092 --data-dir /var/lib/coordinator-1 \
+//!             --topology /etc/minibroker/topology.toml
+//! ```
+//! Every flag falls back to an environment variable (NODE_ID, LISTEN_ADDR, DATA_DIR, TOPOLOGY),
+//! for compose files. Logs go to stderr through `tracing` (filter with RUST_LOG, default
+//! `info`). SIGTERM or ctrl-c stops the server cleanly (sled flushed and closed).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+/// mini-broker transaction coordinator.
+#[derive(Debug, Parser)]
+#[command(name = "coordinator", version, about)]
+struct Args {
+    /// This node's id (a coordinator in the topology file).
+    #[arg(long, env = "NODE_ID")]
+    node_id: cluster::NodeId,
+    /// Address to listen on, e.g. 0.0.0.0:9092.
+    #[arg(long = "listen", env = "LISTEN_ADDR")]
+    listen: String,
+    /// Directory of the sled database.
+    #[arg(long, env = "DATA_DIR")]
+    data_dir: PathBuf,
+    /// The cluster topology file (TOML).
+    #[arg(long, env = "TOPOLOGY")]
+    topology: PathBuf,
+    /// How often to look for timed-out transactions, in milliseconds.
+    #[arg(long, env = "TIMEOUT_SCAN_INTERVAL_MS", default_value_t = 1000)]
+    timeout_scan_interval_ms: u64,
+    /// First backoff between marker retries, in milliseconds.
+    #[arg(long, env = "MARKER_RETRY_BACKOFF_MS", default_value_t = 100)]
+    marker_retry_backoff_ms: u64,
+    /// Largest transaction timeout accepted, in milliseconds.
+    #[arg(long, env = "MAX_TRANSACTION_TIMEOUT_MS", default_value_t = cluster::MAX_TRANSACTION_TIMEOUT_MS)]
+    max_transaction_timeout_ms: i32,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let topology = cluster::Topology::load(&args.topology)
+        .with_context(|| format!("loading topology {}", args.topology.display()))?;
+    let mut config =
+        coordinator::CoordinatorConfig::new(args.node_id, args.data_dir, Arc::new(topology));
+    config.timeout_scan_interval = Duration::from_millis(args.timeout_scan_interval_ms.max(1));
+    config.marker_retry_backoff = Duration::from_millis(args.marker_retry_backoff_ms.max(1));
+    config.max_transaction_timeout_ms = args.max_transaction_timeout_ms;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(node_id = args.node_id, address = %listener.local_addr()?, "coordinator listening");
+    coordinator::serve(config, listener, shutdown_signal())
+        .await
+        .context("coordinator failed")?;
+    Ok(())
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown requested");
+}

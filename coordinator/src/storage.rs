@@ -48,6 +48,9 @@ pub enum StorageError {
         /// Why.
         reason: String,
     },
+    /// The blocking task running a storage call failed.
+    #[error("storage task: {0}")]
+    Task(String),
     /// Encoding failed.
     #[error("encode: {0}")]
     Encode(#[from] serde_json::Error),
