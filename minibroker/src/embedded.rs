@@ -1,0 +1,445 @@
+//! [`EmbeddedCluster`]: a whole mini-broker cluster inside one process, for the demo, `dev` and
+//! the integration tests.
+//!
+//! It binds every listener on `127.0.0.1:0` first, then writes the topology with the real
+//! addresses to `<dir>/topology.toml`, then starts each node with that topology:
+//! `coordinator::serve` for the coordinators and `partition_leader::serve` for the leaders, each
+//! with its own sled directory under `<dir>/node-<id>`.
+//!
+//! [`EmbeddedCluster::kill`] stops a node (its `shutdown` future resolves; `serve` returns once
+//! sled is flushed and closed) and [`EmbeddedCluster::restart`] starts it again with the same
+//! data directory on the same port (the bind is retried briefly while the old socket goes away).
+//!
+//! CAVEATS: a kill is a *clean* stop of the node's task (in-flight requests are answered first,
+//! sled is closed). A process crash cannot be simulated in-process, but what a node acknowledged
+//! is durable before the reply anyway, which is what a clean stop cannot hide; marker retries in
+//! flight are dropped, which is the interesting part.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cluster::{Node, NodeId, Topic, Topology};
+use producer_client::ClientConfig;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Node ids the embedded cluster uses: coordinators `1, 2, ...`, leaders `101, 102, ...`.
+pub const FIRST_COORDINATOR_ID: NodeId = 1;
+/// See [`FIRST_COORDINATOR_ID`].
+pub const FIRST_LEADER_ID: NodeId = 101;
+
+/// How to build the cluster.
+#[derive(Clone, Debug)]
+pub struct EmbeddedOptions {
+    /// Number of coordinators (default 2).
+    pub coordinators: usize,
+    /// Number of partition leaders (default 3).
+    pub leaders: usize,
+    /// Topics and their partition counts; partition `i` is led by leader `i mod leaders`
+    /// (default `input` and `output`, 3 partitions each).
+    pub topics: Vec<(String, usize)>,
+    /// `__transaction_state` partitions (default 8).
+    pub transaction_state_partitions: i32,
+    /// Coordinators' timeout scan interval (default 1 s; tests use less).
+    pub timeout_scan_interval: Duration,
+    /// Coordinators' marker retry backoff (default 100 ms).
+    pub marker_retry_backoff: Duration,
+    /// Coordinators' largest accepted transaction timeout.
+    pub max_transaction_timeout_ms: i32,
+    /// DANGER: leaders skip the epoch check (to show that the demo's checker catches it).
+    pub unsafe_skip_epoch_check: bool,
+    /// Where the data lives; `None`: a temporary directory removed on drop.
+    pub data_dir: Option<PathBuf>,
+    /// Fixed ports: node `k` (coordinators first, then leaders) listens on `base_port + k`.
+    /// `None`: ephemeral ports.
+    pub base_port: Option<u16>,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        Self {
+            coordinators: 2,
+            leaders: 3,
+            topics: vec![("input".into(), 3), ("output".into(), 3)],
+            transaction_state_partitions: 8,
+            timeout_scan_interval: Duration::from_secs(1),
+            marker_retry_backoff: Duration::from_millis(100),
+            max_transaction_timeout_ms: cluster::MAX_TRANSACTION_TIMEOUT_MS,
+            unsafe_skip_epoch_check: false,
+            data_dir: None,
+            base_port: None,
+        }
+    }
+}
+
+/// Why the cluster could not start or a node could not be controlled.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedError {
+    /// Binding, writing the topology, creating directories.
+    #[error("embedded cluster I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// No node has this id.
+    #[error("no node with id {0} in the embedded cluster")]
+    UnknownNode(NodeId),
+    /// A node's `serve` failed.
+    #[error("node {node} failed: {message}")]
+    Node {
+        /// The node.
+        node: NodeId,
+        /// What it reported.
+        message: String,
+    },
+    /// The cluster did not answer in time.
+    #[error("the embedded cluster did not become ready within {0:?}")]
+    NotReady(Duration),
+    /// The topology is invalid (bad options).
+    #[error(transparent)]
+    Topology(#[from] cluster::TopologyError),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Coordinator,
+    Leader,
+}
+
+struct Running {
+    shutdown: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), String>>,
+}
+
+struct NodeSlot {
+    role: Role,
+    address: SocketAddr,
+    data_dir: PathBuf,
+    running: Option<Running>,
+}
+
+/// An in-process cluster. Dropping it stops every node (without waiting); call
+/// [`EmbeddedCluster::shutdown`] to stop them cleanly.
+pub struct EmbeddedCluster {
+    options: EmbeddedOptions,
+    _temp: Option<tempfile::TempDir>,
+    dir: PathBuf,
+    topology: Arc<Topology>,
+    topology_path: PathBuf,
+    nodes: BTreeMap<NodeId, NodeSlot>,
+}
+
+impl std::fmt::Debug for EmbeddedCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedCluster")
+            .field("dir", &self.dir)
+            .field("nodes", &self.nodes.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl EmbeddedCluster {
+    /// Starts the default cluster: 2 coordinators, 3 leaders, topics `input` and `output`.
+    pub async fn start() -> Result<Self, EmbeddedError> {
+        Self::start_with(EmbeddedOptions::default()).await
+    }
+
+    /// Starts a cluster and waits until every node answers.
+    pub async fn start_with(options: EmbeddedOptions) -> Result<Self, EmbeddedError> {
+        let (temp, dir) = match &options.data_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)?;
+                (None, dir.clone())
+            }
+            None => {
+                let temp = tempfile::Builder::new().prefix("minibroker-").tempdir()?;
+                let dir = temp.path().to_path_buf();
+                (Some(temp), dir)
+            }
+        };
+
+        // 1. Bind every listener, so the topology can name the real addresses.
+        let mut listeners = Vec::new();
+        let ids: Vec<(NodeId, Role)> = (0..options.coordinators)
+            .map(|i| (FIRST_COORDINATOR_ID + i as NodeId, Role::Coordinator))
+            .chain((0..options.leaders).map(|i| (FIRST_LEADER_ID + i as NodeId, Role::Leader)))
+            .collect();
+        for (k, (id, role)) in ids.iter().enumerate() {
+            let port = options.base_port.map_or(0, |b| b + k as u16);
+            let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+            listeners.push((*id, *role, listener));
+        }
+
+        // 2. The topology, written where the CLI and the nodes read it.
+        let node = |id: NodeId, l: &TcpListener| -> Result<Node, EmbeddedError> {
+            Ok(Node {
+                id,
+                address: l.local_addr()?.to_string(),
+            })
+        };
+        let mut coordinators = Vec::new();
+        let mut leaders = Vec::new();
+        for (id, role, l) in &listeners {
+            match role {
+                Role::Coordinator => coordinators.push(node(*id, l)?),
+                Role::Leader => leaders.push(node(*id, l)?),
+            }
+        }
+        let topics = options
+            .topics
+            .iter()
+            .map(|(name, partitions)| Topic {
+                name: name.clone(),
+                leaders: (0..*partitions)
+                    .map(|p| FIRST_LEADER_ID + (p % options.leaders.max(1)) as NodeId)
+                    .collect(),
+            })
+            .collect();
+        let topology = Topology {
+            transaction_state_partitions: options.transaction_state_partitions,
+            coordinators,
+            leaders,
+            topics,
+        };
+        topology.validate()?;
+        let topology_path = dir.join("topology.toml");
+        std::fs::write(&topology_path, topology.to_toml())?;
+
+        let mut cluster = Self {
+            options,
+            _temp: temp,
+            dir: dir.clone(),
+            topology: Arc::new(topology),
+            topology_path,
+            nodes: BTreeMap::new(),
+        };
+
+        // 3. Start every node on its listener.
+        for (id, role, listener) in listeners {
+            let data_dir = dir.join(format!("node-{id}"));
+            std::fs::create_dir_all(&data_dir)?;
+            let address = listener.local_addr()?;
+            cluster.nodes.insert(
+                id,
+                NodeSlot {
+                    role,
+                    address,
+                    data_dir,
+                    running: None,
+                },
+            );
+            cluster.spawn(id, listener)?;
+        }
+        cluster.wait_ready(Duration::from_secs(20)).await?;
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, id: NodeId, listener: TcpListener) -> Result<(), EmbeddedError> {
+        let topology = self.topology.clone();
+        let options = self.options.clone();
+        let slot = self
+            .nodes
+            .get_mut(&id)
+            .ok_or(EmbeddedError::UnknownNode(id))?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = rx.await;
+        };
+        let data_dir = slot.data_dir.clone();
+        let task = match slot.role {
+            Role::Coordinator => {
+                let mut config = coordinator::CoordinatorConfig::new(id, data_dir, topology);
+                config.timeout_scan_interval = options.timeout_scan_interval;
+                config.marker_retry_backoff = options.marker_retry_backoff;
+                config.max_transaction_timeout_ms = options.max_transaction_timeout_ms;
+                tokio::spawn(async move {
+                    coordinator::serve(config, listener, shutdown)
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+            }
+            Role::Leader => {
+                let mut config = partition_leader::LeaderConfig::new(id, data_dir, topology);
+                config.unsafe_skip_epoch_check = options.unsafe_skip_epoch_check;
+                tokio::spawn(async move {
+                    partition_leader::serve(config, listener, shutdown)
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+            }
+        };
+        slot.running = Some(Running { shutdown: tx, task });
+        Ok(())
+    }
+
+    /// Polls Metadata on every running node until each answers, or fails after `timeout`.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), EmbeddedError> {
+        let deadline = Instant::now() + timeout;
+        for (id, slot) in &self.nodes {
+            if slot.running.is_none() {
+                continue;
+            }
+            let address = slot.address.to_string();
+            loop {
+                let ok = match proto::cluster_client::ClusterClient::connect(format!(
+                    "http://{address}"
+                ))
+                .await
+                {
+                    Ok(mut client) => client
+                        .metadata(proto::MetadataRequest { topics: vec![] })
+                        .await
+                        .is_ok(),
+                    Err(_) => false,
+                };
+                if ok {
+                    break;
+                }
+                if let Some(Running { task, .. }) = &slot.running {
+                    if task.is_finished() {
+                        return Err(EmbeddedError::Node {
+                            node: *id,
+                            message: "stopped while starting".into(),
+                        });
+                    }
+                }
+                if Instant::now() >= deadline {
+                    return Err(EmbeddedError::NotReady(timeout));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The topology every node runs with.
+    pub fn topology(&self) -> Arc<Topology> {
+        self.topology.clone()
+    }
+
+    /// Where the topology file is.
+    pub fn topology_path(&self) -> &Path {
+        &self.topology_path
+    }
+
+    /// The cluster's directory (topology file and one data directory per node).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every node's address, coordinators first: a bootstrap list.
+    pub fn bootstrap(&self) -> Vec<String> {
+        self.nodes.values().map(|s| s.address.to_string()).collect()
+    }
+
+    /// A client configuration bootstrapping from every node.
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig::new(self.bootstrap())
+    }
+
+    /// The address of node `id`.
+    pub fn address(&self, id: NodeId) -> Option<SocketAddr> {
+        self.nodes.get(&id).map(|s| s.address)
+    }
+
+    /// Coordinator node ids.
+    pub fn coordinator_ids(&self) -> Vec<NodeId> {
+        self.ids(Role::Coordinator)
+    }
+
+    /// Leader node ids.
+    pub fn leader_ids(&self) -> Vec<NodeId> {
+        self.ids(Role::Leader)
+    }
+
+    fn ids(&self, role: Role) -> Vec<NodeId> {
+        self.nodes
+            .iter()
+            .filter(|(_, s)| s.role == role)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The coordinator that owns `transactional_id` (or a group id).
+    pub fn coordinator_for(&self, key: &str) -> NodeId {
+        self.topology.coordinator_for(key).id
+    }
+
+    /// Whether node `id` is running.
+    pub fn is_running(&self, id: NodeId) -> bool {
+        self.nodes.get(&id).is_some_and(|s| s.running.is_some())
+    }
+
+    /// Stops node `id` and waits until its `serve` returned (sled closed). Stopping a stopped
+    /// node does nothing.
+    pub async fn kill(&mut self, id: NodeId) -> Result<(), EmbeddedError> {
+        let slot = self
+            .nodes
+            .get_mut(&id)
+            .ok_or(EmbeddedError::UnknownNode(id))?;
+        let Some(running) = slot.running.take() else {
+            return Ok(());
+        };
+        let _ = running.shutdown.send(());
+        match running.task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(EmbeddedError::Node { node: id, message }),
+            Err(e) => Err(EmbeddedError::Node {
+                node: id,
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// Starts node `id` again with its data directory, on its address.
+    pub async fn restart(&mut self, id: NodeId) -> Result<(), EmbeddedError> {
+        let slot = self.nodes.get(&id).ok_or(EmbeddedError::UnknownNode(id))?;
+        if slot.running.is_some() {
+            return Ok(());
+        }
+        let address = slot.address;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match TcpListener::bind(address).await {
+                Ok(l) => break l,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!(%address, error = %e, "rebinding; retrying");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        self.spawn(id, listener)?;
+        tracing::info!(node = id, %address, "node restarted");
+        Ok(())
+    }
+
+    /// Kills then restarts node `id`.
+    pub async fn bounce(&mut self, id: NodeId) -> Result<(), EmbeddedError> {
+        self.kill(id).await?;
+        self.restart(id).await
+    }
+
+    /// Stops every node cleanly.
+    pub async fn shutdown(mut self) -> Result<(), EmbeddedError> {
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        let mut first_error = None;
+        for id in ids {
+            if let Err(e) = self.kill(id).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for EmbeddedCluster {
+    fn drop(&mut self) {
+        for slot in self.nodes.values_mut() {
+            if let Some(running) = slot.running.take() {
+                let _ = running.shutdown.send(());
+            }
+        }
+    }
+}
