@@ -343,6 +343,11 @@ impl EmbeddedCluster {
         self.nodes.get(&id).map(|s| s.address)
     }
 
+    /// The data directory of node `id`.
+    pub fn data_dir(&self, id: NodeId) -> Option<&Path> {
+        self.nodes.get(&id).map(|s| s.data_dir.as_path())
+    }
+
     /// Coordinator node ids.
     pub fn coordinator_ids(&self) -> Vec<NodeId> {
         self.ids(Role::Coordinator)

@@ -7,7 +7,7 @@
 //! - [`demo`] — the seed's fencing story, told step by step and verified by a read_committed
 //!   checker (`minibroker demo`).
 //! - [`process`] — the exactly-once consume-transform-produce application (`minibroker process`).
-//! - [`bench`] — transactional vs idempotent producer throughput (`minibroker bench`).
+//! - [`mod@bench`] — transactional vs idempotent producer throughput (`minibroker bench`).
 //!
 //! The binary (`src/main.rs`) adds `dev`, `produce`, `consume`, `transactions` and `producers`,
 //! which are thin wrappers over `producer-client`.

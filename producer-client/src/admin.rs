@@ -74,11 +74,26 @@ impl Admin {
         Ok(out)
     }
 
-    /// DescribeTransactions for one id, at its coordinator.
+    /// DescribeTransactions for one id, at its coordinator (retried while the coordinator is
+    /// loading or moved).
     pub async fn describe_transaction(
         &self,
         transactional_id: &str,
     ) -> Result<TransactionDescription> {
+        let mut backoff = self.conn.backoff();
+        loop {
+            match self.describe_once(transactional_id).await {
+                Err(e) if e.is_retriable() => {
+                    if !backoff.wait().await {
+                        return Err(e);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn describe_once(&self, transactional_id: &str) -> Result<TransactionDescription> {
         let coordinator = self
             .conn
             .find_coordinator(transactional_id, CoordinatorKeyType::Transaction)
