@@ -5,7 +5,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,11 +37,21 @@ where
     }
 }
 
-/// A partition leader that records markers and acknowledges them only while `ack` is set.
-#[derive(Clone, Default)]
+/// A partition leader that records markers and answers each partition with `reply`
+/// (NONE: acknowledged; NOT_LEADER_OR_FOLLOWER: "not now", retried).
+#[derive(Clone)]
 pub struct FakeLeader {
-    pub ack: Arc<AtomicBool>,
+    pub reply: Arc<Mutex<ErrorCode>>,
     pub markers: Arc<Mutex<Vec<WriteTxnMarkersRequest>>>,
+}
+
+impl Default for FakeLeader {
+    fn default() -> Self {
+        Self {
+            reply: Arc::new(Mutex::new(ErrorCode::None)),
+            markers: Arc::default(),
+        }
+    }
 }
 
 impl FakeLeader {
@@ -50,8 +59,17 @@ impl FakeLeader {
         self.markers.lock().unwrap().clone()
     }
 
+    /// Acknowledge markers (true) or refuse them with a retriable code (false).
     pub fn set_ack(&self, ack: bool) {
-        self.ack.store(ack, Ordering::SeqCst);
+        self.set_reply(if ack {
+            ErrorCode::None
+        } else {
+            ErrorCode::NotLeaderOrFollower
+        });
+    }
+
+    pub fn set_reply(&self, code: ErrorCode) {
+        *self.reply.lock().unwrap() = code;
     }
 }
 
@@ -74,11 +92,7 @@ impl PartitionLeader for FakeLeader {
     ) -> Result<Response<WriteTxnMarkersResponse>, Status> {
         let request = request.into_inner();
         self.markers.lock().unwrap().push(request.clone());
-        let code = if self.ack.load(Ordering::SeqCst) {
-            ErrorCode::None
-        } else {
-            ErrorCode::NotLeaderOrFollower
-        };
+        let code = *self.reply.lock().unwrap();
         Ok(Response::new(WriteTxnMarkersResponse {
             results: request
                 .partitions
@@ -320,7 +334,9 @@ impl Txn {
                     .into_inner();
                 match code(r.error_code) {
                     ErrorCode::None => Some((r.producer_id, r.producer_epoch)),
-                    ErrorCode::ConcurrentTransactions => None,
+                    ErrorCode::ConcurrentTransactions | ErrorCode::CoordinatorLoadInProgress => {
+                        None
+                    }
                     other => panic!("init: {other:?} {}", r.error_message),
                 }
             }

@@ -1,0 +1,260 @@
+//! Tests of the service shell's own duties: COORDINATOR_LOAD_IN_PROGRESS while loading, storage
+//! failures (typed error, nothing changed), per-id serialisation under concurrency, and the
+//! marker writer's handling of permanent leader errors.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use common::*;
+use coordinator::core::{PendingOffsets, TxnMetadata};
+use coordinator::storage::{MemoryStorage, Snapshot, Storage, StorageError};
+use proto::{ErrorCode, TxnState};
+
+/// Memory storage whose `load` waits for a gate and whose writes can be made to fail.
+#[derive(Default)]
+struct TestStorage {
+    inner: MemoryStorage,
+    gate: Mutex<bool>,
+    opened: Condvar,
+    fail_writes: AtomicBool,
+}
+
+impl TestStorage {
+    fn open_gate(&self) {
+        *self.gate.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    fn check(&self) -> Result<(), StorageError> {
+        if self.fail_writes.load(Ordering::SeqCst) {
+            return Err(StorageError::Task("injected disk failure".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Storage for TestStorage {
+    fn load(&self) -> Result<Snapshot, StorageError> {
+        let mut open = self.gate.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+        self.inner.load()
+    }
+    fn put_txn(&self, meta: &TxnMetadata) -> Result<(), StorageError> {
+        self.check()?;
+        self.inner.put_txn(meta)
+    }
+    fn put_generation(&self, generation: i64) -> Result<(), StorageError> {
+        self.check()?;
+        self.inner.put_generation(generation)
+    }
+    fn put_pid_block(&self, end: i64) -> Result<(), StorageError> {
+        self.check()?;
+        self.inner.put_pid_block(end)
+    }
+    fn commit_group_offsets(
+        &self,
+        group: &str,
+        offsets: &PendingOffsets,
+    ) -> Result<(), StorageError> {
+        self.check()?;
+        self.inner.commit_group_offsets(group, offsets)
+    }
+    fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
+        self.inner.group_offsets(group)
+    }
+    fn flush(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
+}
+
+/// Starts a coordinator over `storage` with the topology of a one-coordinator [`Cluster`].
+async fn serve_on(
+    cluster: &Cluster,
+    storage: Arc<TestStorage>,
+) -> (
+    Client,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), coordinator::Error>>,
+) {
+    // Reuse the cluster's topology but a new listener: node 1's address in the topology is the
+    // cluster's own coordinator, which is fine for everything except FindCoordinator.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut config =
+        coordinator::CoordinatorConfig::new(1, "/nonexistent", cluster.topology.clone());
+    config.marker_retry_backoff = Duration::from_millis(10);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(coordinator::serve_with_storage(
+        config,
+        storage,
+        listener,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    let client = eventually("connect", || async move {
+        proto::transaction_coordinator_client::TransactionCoordinatorClient::connect(format!(
+            "http://{addr}"
+        ))
+        .await
+        .ok()
+    })
+    .await;
+    (client, tx, task)
+}
+
+#[tokio::test]
+async fn load_in_progress_until_state_is_loaded() {
+    let cluster = Cluster::start(1).await;
+    let storage = Arc::new(TestStorage::default());
+    let (client, stop, task) = serve_on(&cluster, storage.clone()).await;
+    let mut t = Txn::new(client.clone(), "txn-load");
+    let r = t.init_raw(60_000, (-1, -1)).await;
+    assert_eq!(code(r.error_code), ErrorCode::CoordinatorLoadInProgress);
+    assert_eq!(
+        t.add((0, 0), vec![tp("t", 0)]).await,
+        ErrorCode::CoordinatorLoadInProgress
+    );
+    assert_eq!(
+        code(t.describe().await.error_code),
+        ErrorCode::CoordinatorLoadInProgress
+    );
+    // Routing comes first: an id of another coordinator would be NOT_COORDINATOR even now
+    // (one coordinator here, so everything is ours).
+    storage.open_gate();
+    let pe = t.init().await;
+    assert_eq!(pe.1, 0);
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn storage_failure_is_a_typed_error_and_changes_nothing() {
+    let cluster = Cluster::start(1).await;
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    let (client, stop, task) = serve_on(&cluster, storage.clone()).await;
+    let mut t = Txn::new(client.clone(), "txn-disk");
+    let pe = t.init().await;
+    assert_eq!(t.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
+    let before = stable(t.describe().await);
+    storage.fail_writes.store(true, Ordering::SeqCst);
+    assert_eq!(
+        t.add(pe, vec![tp("t", 1)]).await,
+        ErrorCode::KafkaStorageError
+    );
+    let r = t.end_raw(pe, true).await;
+    assert_eq!(code(r.error_code), ErrorCode::KafkaStorageError);
+    assert!(r.error_message.contains("injected"), "{}", r.error_message);
+    let mut fresh = Txn::new(client.clone(), "txn-disk-new");
+    let r = fresh.init_raw(60_000, (-1, -1)).await;
+    assert_eq!(code(r.error_code), ErrorCode::KafkaStorageError);
+    assert_eq!(
+        stable(t.describe().await),
+        before,
+        "memory unchanged by a failed write"
+    );
+    assert_eq!(
+        code(fresh.describe().await.error_code),
+        ErrorCode::InvalidProducerIdMapping
+    );
+    // The disk heals: the same requests succeed.
+    storage.fail_writes.store(false, Ordering::SeqCst);
+    assert_eq!(t.add(pe, vec![tp("t", 1)]).await, ErrorCode::None);
+    assert_eq!(t.end(pe, true).await, (pe.0, pe.1 + 1));
+    t.wait_state(TxnState::CompleteCommit).await;
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_for_one_id_are_serialised() {
+    let cluster = Cluster::start(1).await;
+    let client = cluster.client(1).await;
+    let mut t = Txn::new(client.clone(), "txn-concurrent");
+    let pe = t.init().await;
+    // 30 concurrent AddPartitions of overlapping partitions: all OK, the union is stored.
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        let mut t = Txn::new(client.clone(), "txn-concurrent");
+        tasks.push(tokio::spawn(async move {
+            t.add(pe, vec![tp("t", i % 3), tp("u", 0)]).await
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), ErrorCode::None);
+    }
+    let d = t.describe().await;
+    assert_eq!(d.partitions.len(), 4);
+    t.end(pe, false).await;
+    t.wait_state(TxnState::CompleteAbort).await;
+    // 20 concurrent InitProducerId: every reply a distinct epoch (each one a durable bump).
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let mut t = Txn::new(client.clone(), "txn-concurrent");
+        tasks.push(tokio::spawn(async move { t.init().await }));
+    }
+    let mut epochs = Vec::new();
+    for task in tasks {
+        let (pid, epoch) = task.await.unwrap();
+        assert_eq!(pid, pe.0);
+        epochs.push(epoch);
+    }
+    epochs.sort();
+    epochs.dedup();
+    assert_eq!(epochs.len(), 20, "{epochs:?}");
+    assert_eq!(t.describe().await.producer_epoch, *epochs.last().unwrap());
+}
+
+#[tokio::test]
+async fn a_fenced_coordinator_generation_stops_the_marker_writer() {
+    let cluster = Cluster::start(1).await;
+    let mut t = Txn::new(cluster.client(1).await, "txn-gen-fenced");
+    let pe = t.init().await;
+    assert_eq!(t.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
+    cluster.leaders[0].set_reply(ErrorCode::TransactionCoordinatorFenced);
+    t.end(pe, true).await;
+    let leader = cluster.leaders[0].clone();
+    eventually("the refused marker", || {
+        let leader = leader.clone();
+        async move { (!leader.markers().is_empty()).then_some(()) }
+    })
+    .await;
+    // The writer stopped: no more attempts, and the commit is not completed by this incarnation.
+    let seen = cluster.leaders[0].markers().len();
+    tokio::time::sleep(Duration::from_millis(200)).await; // observe the absence of retries
+    assert_eq!(cluster.leaders[0].markers().len(), seen);
+    assert_eq!(t.describe().await.state, TxnState::PrepareCommit as i32);
+}
+
+#[tokio::test]
+async fn invalid_producer_epoch_counts_for_abort_but_never_completes_a_commit() {
+    let cluster = Cluster::start(1).await;
+    let mut t = Txn::new(cluster.client(1).await, "txn-newer-epoch");
+    let pe = t.init().await;
+    assert_eq!(t.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
+    cluster.leaders[0].set_reply(ErrorCode::InvalidProducerEpoch);
+    let pe = t.end(pe, false).await;
+    t.wait_state(TxnState::CompleteAbort).await;
+    assert_eq!(t.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
+    t.end(pe, true).await;
+    let leader = cluster.leaders[0].clone();
+    eventually("the refused commit marker", || {
+        let leader = leader.clone();
+        async move {
+            leader
+                .markers()
+                .iter()
+                .any(|m| m.result == proto::TxnResult::Commit as i32)
+                .then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await; // observe the absence of completion
+    assert_eq!(t.describe().await.state, TxnState::PrepareCommit as i32);
+}
