@@ -281,6 +281,17 @@ async fn main() -> anyhow::Result<()> {
     let sled_lat = percentiles(samples);
     report("sled insert + flush (bare)", sled_lat);
 
+    // For context: what a real fsync costs on this disk (sled's flush uses sync_file_range).
+    let mut file = std::fs::File::create(dir.path().join("fsync-probe"))?;
+    let mut samples = Vec::with_capacity(a.iterations);
+    for _ in 0..a.iterations {
+        let t = Instant::now();
+        std::io::Write::write_all(&mut file, &value)?;
+        file.sync_data()?;
+        samples.push(t.elapsed());
+    }
+    report("(context) file write + fdatasync", percentiles(samples));
+
     // Baseline 2: no-op gRPC round trip.
     let mut samples = Vec::with_capacity(a.iterations);
     for _ in 0..a.iterations {

@@ -105,6 +105,12 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    if config.topology.coordinator_index(config.node_id).is_none() {
+        return Err(Error::Config(format!(
+            "node {} is not a coordinator in the topology",
+            config.node_id
+        )));
+    }
     let dir = config.data_dir.clone();
     std::fs::create_dir_all(&dir)?;
     let storage = tokio::task::spawn_blocking(move || SledStorage::open(dir))
@@ -183,9 +189,17 @@ pub async fn serve_with_storage(
         .await
         .map_err(|e| Error::Config(format!("server task failed: {e}")))?;
     let _ = shared.stop.send(true);
-    let mut tasks =
-        std::mem::take(&mut *shared.tasks.lock().unwrap_or_else(PoisonError::into_inner));
-    while tasks.join_next().await.is_some() {}
+    // Join every background task; a task spawned while joining (e.g. by the last timeout scan)
+    // sees `stop` and ends at once, and is joined by the next round, so no task outlives `serve`
+    // holding the storage open.
+    loop {
+        let mut tasks =
+            std::mem::take(&mut *shared.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        if tasks.is_empty() {
+            break;
+        }
+        while tasks.join_next().await.is_some() {}
+    }
     let flushed = shared.blocking(|s| s.flush()).await;
     info!(node_id = shared.node_id, "coordinator stopped");
     loaded?;
