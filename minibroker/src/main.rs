@@ -1,5 +1,6 @@
 //! `minibroker`: the mini-broker command line. See `minibroker --help`.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -630,16 +631,16 @@ async fn consume(config: ClientConfig, args: ConsumeArgs, json: bool) -> anyhow:
         };
         let empty = records.is_empty();
         for r in records {
-            if json {
-                println!(
+            let line = if json {
+                format!(
                     "{}",
                     json!({"topic": r.partition.topic, "partition": r.partition.partition,
                         "offset": r.offset, "key": String::from_utf8_lossy(&r.key),
                         "value": String::from_utf8_lossy(&r.value), "producer_id": r.producer_id,
                         "producer_epoch": r.producer_epoch, "transactional": r.is_transactional})
-                );
+                )
             } else {
-                println!(
+                format!(
                     "{}@{:<6} pid={} epoch={} {}{}",
                     r.partition,
                     r.offset,
@@ -651,7 +652,11 @@ async fn consume(config: ClientConfig, args: ConsumeArgs, json: bool) -> anyhow:
                         format!("key={} ", String::from_utf8_lossy(&r.key))
                     },
                     String::from_utf8_lossy(&r.value)
-                );
+                )
+            };
+            // A closed stdout (`| head`) ends the command quietly.
+            if writeln!(std::io::stdout().lock(), "{line}").is_err() {
+                return Ok(ExitCode::SUCCESS);
             }
             count += 1;
             if args.max.is_some_and(|m| count >= m) {

@@ -121,12 +121,27 @@ impl Backoff {
 
     /// Sleeps before the next attempt, or returns `false` when the budget is spent.
     pub(crate) async fn wait(&mut self) -> bool {
+        self.wait_from(self.first).await
+    }
+
+    /// Like [`Backoff::wait`], but CONCURRENT_TRANSACTIONS starts from 1 ms: it usually means
+    /// the previous transaction's markers are still being written, which takes a few ms (Kafka's
+    /// client uses a short backoff for this case too).
+    pub(crate) async fn wait_for(&mut self, error: &crate::Error) -> bool {
+        let first = if matches!(error, crate::Error::ConcurrentTransactions(_)) {
+            self.first.min(Duration::from_millis(1))
+        } else {
+            self.first
+        };
+        self.wait_from(first).await
+    }
+
+    async fn wait_from(&mut self, first: Duration) -> bool {
         if self.attempts_left == 0 {
             return false;
         }
         self.attempts_left -= 1;
-        let exp = self
-            .first
+        let exp = first
             .saturating_mul(1u32 << self.attempt.min(16))
             .min(self.max);
         self.attempt += 1;

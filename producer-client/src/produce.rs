@@ -97,7 +97,7 @@ pub(crate) async fn produce(
                     conn.invalidate_metadata();
                 }
                 tracing::debug!(%tp, error = %e, "produce failed; retrying");
-                if !backoff.wait().await {
+                if !backoff.wait_for(&e).await {
                     return Err(e);
                 }
             }

@@ -99,7 +99,7 @@ where
                     *coordinator = None;
                 }
                 tracing::debug!(%key, error = %e, "coordinator request failed; retrying");
-                if !backoff.wait().await {
+                if !backoff.wait_for(&e).await {
                     return Err(e);
                 }
             }
