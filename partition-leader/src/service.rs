@@ -621,6 +621,19 @@ pub async fn serve(
     result.and(flushed)
 }
 
+/// Accepted connections with `TCP_NODELAY` set: tonic only sets it on listeners it binds
+/// itself, and without it a one-record Produce waits for Nagle + delayed ACK on every reply.
+fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+        let conn = conn?;
+        conn.set_nodelay(true)?;
+        Ok(conn)
+    })
+}
+
 /// [`serve`] over any storage engine and verifier (tests use the in-memory engine or a fake
 /// coordinator). Does not close `storage`.
 pub async fn serve_with(
@@ -652,10 +665,7 @@ pub async fn serve_with(
     tonic::transport::Server::builder()
         .add_service(cluster::ClusterService::new(topology).into_server())
         .add_service(service.into_server())
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await?;
     info!(node_id, "partition leader stopped");
     Ok(())

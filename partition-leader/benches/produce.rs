@@ -1,0 +1,341 @@
+//! Produce throughput of the partition leader next to a bare sled append + flush, measured in
+//! the same run on the same disk: `cargo bench -p partition-leader --bench produce`.
+//!
+//! Records are 1 KiB values (8-byte keys); batches of 1 and of 100 records; one producer with one
+//! request in flight (as an idempotent producer with max-in-flight 1), so each request pays one
+//! flush. Rows:
+//! - `bare sled`: a `sled::Batch` of the records under big-endian offset keys + `flush`;
+//! - `in-process`: `LeaderService::produce` called directly over the sled engine (the core
+//!   checks, the multi-tree transaction with producer state, the flush), no network;
+//! - `gRPC`: the same over loopback gRPC against `partition_leader::serve`, with the real
+//!   coordinator for transactional verification (once per transaction per partition).
+//!
+//! Idempotent = PID with sequences; transactional = the same inside one open transaction (the
+//! EndTxn/marker cost is not part of the Produce path and is not measured here).
+//!
+//! fsync latency on a shared disk drifts a lot over seconds, so the rows are not run one after
+//! the other: every row runs in [`ROUNDS`] short slices, round-robin, and its rate is its total
+//! records over its total time. Environment: `BENCH_SECS` (per row, default 3).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cluster::{ProducerEpoch, ProducerId, TopicPartition, Topology};
+use partition_leader::service::LeaderService;
+use partition_leader::storage::SledStorage;
+use partition_leader::verify::TxnVerifier;
+use partition_leader::LeaderConfig;
+use proto::partition_leader_client::PartitionLeaderClient;
+use proto::partition_leader_server::PartitionLeader;
+use proto::transaction_coordinator_client::TransactionCoordinatorClient;
+use proto::{ProduceRequest, ProduceResponse, RecordBatch};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+const RECORD: usize = 1024;
+
+const ROUNDS: u32 = 6;
+
+fn bench_secs() -> Duration {
+    let secs = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(3.0);
+    Duration::from_secs_f64(secs)
+}
+
+fn records(n: usize, seq: i64) -> Vec<proto::Record> {
+    (0..n)
+        .map(|i| proto::Record {
+            key: (seq + i as i64).to_be_bytes().to_vec(),
+            value: vec![b'x'; RECORD],
+            timestamp_ms: 1,
+        })
+        .collect()
+}
+
+struct AlwaysYes;
+
+#[tonic::async_trait]
+impl TxnVerifier for AlwaysYes {
+    async fn verify(
+        &self,
+        _: &str,
+        _: ProducerId,
+        _: ProducerEpoch,
+        _: &TopicPartition,
+    ) -> Result<(), partition_leader::Error> {
+        Ok(())
+    }
+}
+
+fn topology(coordinator: &str, leader: &str) -> Arc<Topology> {
+    Arc::new(
+        Topology::parse(&format!(
+            "transaction_state_partitions = 1\n[[coordinators]]\nid = 1\naddress = \"{coordinator}\"\n\
+             [[leaders]]\nid = 101\naddress = \"{leader}\"\n[[topics]]\nname = \"bench\"\nleaders = [101]\n"
+        ))
+        .unwrap(),
+    )
+}
+
+fn check(r: &ProduceResponse) {
+    assert_eq!(r.error_code, 0, "{}", r.error_message);
+}
+
+/// One producer's identity and next sequence.
+struct Producer {
+    pid: i64,
+    epoch: i32,
+    txn_id: Option<String>,
+    seq: i64,
+}
+
+impl Producer {
+    fn next(&mut self, batch: usize) -> ProduceRequest {
+        let request = ProduceRequest {
+            topic: "bench".into(),
+            partition: 0,
+            batch: Some(RecordBatch {
+                producer_id: self.pid,
+                producer_epoch: self.epoch,
+                base_sequence: self.seq as i32,
+                is_transactional: self.txn_id.is_some(),
+                transactional_id: self.txn_id.clone().unwrap_or_default(),
+                records: records(batch, self.seq),
+            }),
+        };
+        self.seq += batch as i64;
+        request
+    }
+}
+
+enum Target {
+    BareSled {
+        db: sled::Db,
+        tree: sled::Tree,
+        offset: i64,
+    },
+    InProcess(LeaderService, Producer),
+    Grpc(PartitionLeaderClient<Channel>, Producer),
+}
+
+struct Row {
+    name: String,
+    batch: usize,
+    target: Target,
+    records: u64,
+    elapsed: Duration,
+}
+
+impl Row {
+    fn records_per_sec(&self) -> f64 {
+        self.records as f64 / self.elapsed.as_secs_f64()
+    }
+    fn mb_per_sec(&self) -> f64 {
+        self.records_per_sec() * RECORD as f64 / (1024.0 * 1024.0)
+    }
+
+    /// Produces for about `slice`, adding to the row's totals.
+    async fn run(&mut self, slice: Duration) {
+        let start = Instant::now();
+        let batch = self.batch;
+        let mut n = 0u64;
+        while start.elapsed() < slice {
+            match &mut self.target {
+                Target::BareSled { db, tree, offset } => {
+                    let value = vec![b'x'; RECORD + 40];
+                    let mut b = sled::Batch::default();
+                    for _ in 0..batch {
+                        b.insert(&offset.to_be_bytes(), value.as_slice());
+                        *offset += 1;
+                    }
+                    tokio::task::block_in_place(|| {
+                        tree.apply_batch(b).unwrap();
+                        db.flush().unwrap();
+                    });
+                }
+                Target::InProcess(service, producer) => {
+                    let request = tonic::Request::new(producer.next(batch));
+                    check(&service.produce(request).await.unwrap().into_inner());
+                }
+                Target::Grpc(client, producer) => {
+                    let request = producer.next(batch);
+                    check(&client.produce(request).await.unwrap().into_inner());
+                }
+            }
+            n += batch as u64;
+        }
+        self.records += n;
+        self.elapsed += start.elapsed();
+    }
+}
+
+async fn transactional_producer(
+    c: &mut TransactionCoordinatorClient<Channel>,
+    txn_id: &str,
+) -> Producer {
+    let init = loop {
+        let r = c
+            .init_producer_id(proto::InitProducerIdRequest {
+                transactional_id: Some(txn_id.into()),
+                transaction_timeout_ms: 900_000,
+                expected_producer_id: -1,
+                expected_producer_epoch: -1,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if r.error_code == 0 {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let r = c
+        .add_partitions_to_txn(proto::AddPartitionsToTxnRequest {
+            transactional_id: txn_id.into(),
+            producer_id: init.producer_id,
+            producer_epoch: init.producer_epoch,
+            partitions: vec![proto::TopicPartition {
+                topic: "bench".into(),
+                partition: 0,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.error_code, 0, "{}", r.error_message);
+    Producer {
+        pid: init.producer_id,
+        epoch: init.producer_epoch,
+        txn_id: Some(txn_id.into()),
+        seq: 0,
+    }
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+
+    // Bare sled.
+    let db = sled::open(dirs[0].path()).unwrap();
+    // In-process leader (verification always succeeds).
+    let in_process = {
+        let config = LeaderConfig::new(101, dirs[1].path(), topology("127.0.0.1:1", "127.0.0.1:2"));
+        let storage = Arc::new(SledStorage::open(dirs[1].path()).unwrap());
+        let (stop, stop_rx) = watch::channel(false);
+        std::mem::forget(stop);
+        LeaderService::open(&config, storage, Arc::new(AlwaysYes), stop_rx).unwrap()
+    };
+    // Real coordinator + leader over loopback gRPC.
+    let cl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ll = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (caddr, laddr) = (cl.local_addr().unwrap(), ll.local_addr().unwrap());
+    let grpc_topology = topology(&caddr.to_string(), &laddr.to_string());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (mut rx1, mut rx2) = (stop_rx.clone(), stop_rx);
+    let coordinator = tokio::spawn(coordinator::serve(
+        coordinator::CoordinatorConfig::new(1, dirs[2].path(), grpc_topology.clone()),
+        cl,
+        async move {
+            let _ = rx1.changed().await;
+        },
+    ));
+    let leader = tokio::spawn(partition_leader::serve(
+        LeaderConfig::new(101, dirs[3].path(), grpc_topology),
+        ll,
+        async move {
+            let _ = rx2.changed().await;
+        },
+    ));
+    let endpoint = |a: std::net::SocketAddr| {
+        tonic::transport::Endpoint::from_shared(format!("http://{a}"))
+            .unwrap()
+            .connect_lazy()
+    };
+    let client = PartitionLeaderClient::new(endpoint(laddr));
+    let mut tc = TransactionCoordinatorClient::new(endpoint(caddr));
+
+    let mut rows = Vec::new();
+    for batch in [1usize, 100] {
+        let b = batch as i64;
+        let row = |name: &str, target| Row {
+            name: name.into(),
+            batch,
+            target,
+            records: 0,
+            elapsed: Duration::ZERO,
+        };
+        let tree = db.open_tree(format!("records/{batch}/bench")).unwrap();
+        rows.push(row(
+            "bare sled append+flush",
+            Target::BareSled {
+                db: db.clone(),
+                tree,
+                offset: 0,
+            },
+        ));
+        let idempotent = |pid| Producer {
+            pid,
+            epoch: 0,
+            txn_id: None,
+            seq: 0,
+        };
+        rows.push(row(
+            "in-process idempotent",
+            Target::InProcess(in_process.clone(), idempotent(1000 + b)),
+        ));
+        let mut txn = idempotent(2000 + b);
+        txn.txn_id = Some(format!("in-process-{batch}"));
+        rows.push(row(
+            "in-process transactional",
+            Target::InProcess(in_process.clone(), txn),
+        ));
+        rows.push(row(
+            "gRPC idempotent",
+            Target::Grpc(client.clone(), idempotent(3000 + b)),
+        ));
+        let txn = transactional_producer(&mut tc, &format!("grpc-{batch}")).await;
+        rows.push(row("gRPC transactional", Target::Grpc(client.clone(), txn)));
+    }
+    // Warm-up (connections, verification, tree creation), not counted.
+    for row in &mut rows {
+        row.run(Duration::from_millis(50)).await;
+        row.records = 0;
+        row.elapsed = Duration::ZERO;
+    }
+    let slice = bench_secs() / ROUNDS;
+    for _ in 0..ROUNDS {
+        for row in &mut rows {
+            row.run(slice).await;
+        }
+    }
+
+    println!(
+        "{:<28} {:>6} {:>11} {:>9} {:>9}",
+        "produce path (1 KiB records)", "batch", "records/s", "MB/s", "vs sled"
+    );
+    for row in &rows {
+        let base = rows
+            .iter()
+            .find(|r| r.batch == row.batch && matches!(r.target, Target::BareSled { .. }))
+            .unwrap()
+            .records_per_sec();
+        println!(
+            "{:<28} {:>6} {:>11.0} {:>9.2} {:>8.2}x",
+            row.name,
+            row.batch,
+            row.records_per_sec(),
+            row.mb_per_sec(),
+            row.records_per_sec() / base
+        );
+    }
+    drop(rows);
+    drop(client);
+    let _ = stop_tx.send(true);
+    leader.await.unwrap().unwrap();
+    let _ = coordinator.await;
+}
