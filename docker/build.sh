@@ -4,10 +4,12 @@
 #   docker/build.sh                 static release build of the three binaries + `docker build`
 #   docker/build.sh --skip-cargo    reuse the binaries already in the static target directory
 #
-# 1. cargo builds `coordinator`, `partition-leader` and `minibroker` as static glibc executables
+# 1. cargo builds `coordinator`, `partition-leader`, `minibroker` and `healthcheck` (the image's
+#    Docker healthcheck, docker/healthcheck) as static glibc executables
 #    (`-C target-feature=+crt-static`, explicit --target so build scripts stay dynamic) into
 #    target/static (CARGO_TARGET_DIR, kept apart from the normal dev target/).
-# 2. The binaries are checked to be static and staged in docker/dist/.
+# 2. The binaries are checked to be static and staged, with docker/'s files, in a private
+#    temporary build context.
 # 3. `docker build` makes a FROM-scratch image (docker/Dockerfile), tagged $MINIBROKER_IMAGE
 #    (default minibroker:local).
 #
@@ -19,7 +21,7 @@ repo="$(cd "$here/.." && pwd)"
 image="${MINIBROKER_IMAGE:-minibroker:local}"
 target_dir="${STATIC_TARGET_DIR:-$repo/target/static}"
 triple="x86_64-unknown-linux-gnu"
-bins=(coordinator partition-leader minibroker)
+bins=(coordinator partition-leader minibroker healthcheck)
 skip_cargo=0
 
 for arg in "$@"; do
@@ -47,8 +49,12 @@ if [[ $skip_cargo -eq 0 ]]; then
     "${CARGO:-cargo}" build --release --target "$triple" "${pkgs[@]}")
 fi
 
-rm -rf "$here/dist"
-mkdir -p "$here/dist"
+# A private build context, so that concurrent runs (two CI jobs, a demo and a test) never see
+# each other's half-copied files: Dockerfile, rootfs/, topology.toml and the binaries in dist/.
+context="$(mktemp -d "${TMPDIR:-/tmp}/minibroker-image.XXXXXX")"
+trap 'rm -rf "$context"' EXIT
+cp -r "$here/Dockerfile" "$here/rootfs" "$here/topology.toml" "$context/"
+mkdir -p "$context/dist"
 for b in "${bins[@]}"; do
   src="$target_dir/$triple/release/$b"
   if [[ ! -x "$src" ]]; then
@@ -61,13 +67,13 @@ for b in "${bins[@]}"; do
     readelf -d "$src" | grep '(NEEDED)' >&2
     exit 1
   fi
-  cp "$src" "$here/dist/$b"
+  cp "$src" "$context/dist/$b"
 done
 
-echo "==> docker build -t $image $here"
-docker build -q -t "$image" "$here" >/dev/null
+echo "==> docker build -t $image (context: docker/ plus the static binaries)"
+docker build -q -t "$image" "$context" >/dev/null
 size_bytes="$(docker image inspect -f '{{.Size}}' "$image")"
 echo "==> $image: $(( size_bytes / 1024 / 1024 )) MiB ($size_bytes bytes)"
 for b in "${bins[@]}"; do
-  printf '    %-18s %6d KiB\n' "$b" "$(( $(stat -c %s "$here/dist/$b") / 1024 ))"
+  printf '    %-18s %6d KiB\n' "$b" "$(( $(stat -c %s "$context/dist/$b") / 1024 ))"
 done
