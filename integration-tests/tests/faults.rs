@@ -141,7 +141,7 @@ async fn consume_transform_produce_killed_and_replaced_mid_stream() {
     let options = ProcessOptions {
         group: group.into(),
         transactional_id: id.into(),
-        max_records_per_txn: 200,
+        max_records_per_txn: 500,
         ..ProcessOptions::default()
     };
     let spawn = |stop: tokio::sync::oneshot::Receiver<()>| {
@@ -256,4 +256,64 @@ async fn consume_transform_produce_killed_and_replaced_mid_stream() {
             "partition {p} out of order"
         );
     }
+}
+
+/// A commit sent while the coordinator is down is retried (transport errors, then
+/// COORDINATOR_LOAD_IN_PROGRESS) with the same decision until the restarted coordinator answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_is_retried_across_a_coordinator_restart() {
+    let mut cluster = cluster().await;
+    let id = "app";
+    let mut p = TransactionalProducer::connect(config(&cluster).with_transactional_id(id))
+        .await
+        .unwrap();
+    p.init_transactions().await.unwrap();
+    p.begin_transaction().unwrap();
+    p.send("input", 0, "v").await.unwrap();
+    let owner = cluster.coordinator_for(id);
+    cluster.kill(owner).await.unwrap();
+    let commit = tokio::spawn(async move {
+        let result = p.commit_transaction().await;
+        (p, result)
+    });
+    cluster.restart(owner).await.unwrap();
+    let (mut p, result) = commit.await.unwrap();
+    result.unwrap();
+    assert_eq!(
+        values(&cluster, "input", Isolation::ReadCommitted).await,
+        vec!["v"]
+    );
+    p.begin_transaction().unwrap();
+    p.send("input", 1, "w").await.unwrap();
+    p.commit_transaction().await.unwrap();
+}
+
+/// The idempotent producer across a leader restart: every record once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_producer_across_a_leader_restart() {
+    let mut cluster = cluster().await;
+    let mut p = IdempotentProducer::connect(config(&cluster)).await.unwrap();
+    assert_eq!(p.epoch(), 0);
+    for i in 0..5 {
+        p.send("input", 0, format!("v{i}")).await.unwrap();
+    }
+    let leader = cluster.topology().leader_for("input", 0).unwrap().id;
+    cluster.bounce(leader).await.unwrap();
+    for i in 5..10 {
+        p.send("input", 0, format!("v{i}")).await.unwrap();
+    }
+    let expected: Vec<String> = (0..10).map(|i| format!("v{i}")).collect();
+    let by_partition =
+        integration_tests::read_topic(&cluster, "input", Isolation::ReadUncommitted).await;
+    assert_eq!(by_partition[&0], expected);
+    let producers = producer_client::Admin::new(config(&cluster))
+        .unwrap()
+        .describe_producers("input", 0)
+        .await
+        .unwrap();
+    let state = producers
+        .iter()
+        .find(|s| s.producer_id == p.producer_id())
+        .unwrap();
+    assert_eq!(state.last_sequence, 9);
 }

@@ -347,3 +347,43 @@ async fn transaction_timeout_aborts_a_stalled_producer_with_the_timed_out_error(
     let e = a.commit_transaction().await.unwrap_err();
     assert!(e.is_fatal(), "{e:?}");
 }
+
+/// A key always lands on the partition Kafka's default partitioner (murmur2) picks, and a
+/// read_committed consumer long-polls until the commit makes it visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_sends_and_a_long_polling_read_committed_consumer() {
+    let cluster = cluster().await;
+    let mut consumer =
+        producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    consumer.assign_topics(&["input"]).await.unwrap();
+    let poller = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            got.extend(consumer.poll(Duration::from_secs(2)).await.unwrap());
+        }
+        got
+    });
+    let mut p = producer(&cluster, "keyed").await;
+    p.begin_transaction().unwrap();
+    let mut expected = Vec::new();
+    for key in ["alice", "bob", "carol"] {
+        let m = p.send("input", key, format!("{key}-value")).await.unwrap();
+        assert_eq!(
+            m.partition.partition,
+            producer_client::partitioner::partition_for_key(key.as_bytes(), 3)
+        );
+        expected.push((m.partition.partition, key.to_string()));
+    }
+    p.commit_transaction().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), poller)
+        .await
+        .expect("the consumer sees the commit")
+        .unwrap();
+    let mut got: Vec<(i32, String)> = got
+        .into_iter()
+        .map(|r| (r.partition.partition, String::from_utf8(r.key).unwrap()))
+        .collect();
+    got.sort();
+    expected.sort();
+    assert_eq!(got, expected);
+}
