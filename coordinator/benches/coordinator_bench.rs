@@ -272,9 +272,15 @@ async fn main() -> anyhow::Result<()> {
     let tree = db.open_tree("bench")?;
     let value = vec![7u8; 200];
     let mut samples = Vec::with_capacity(a.iterations);
+    // Every write changes the value: sled skips writing a value identical to the stored one.
+    let fresh_value = |i: u64| {
+        let mut v = value.clone();
+        v[..8].copy_from_slice(&i.to_be_bytes());
+        v
+    };
     for i in 0..a.iterations {
         let t = Instant::now();
-        tree.insert(format!("key-{}", i % 64), value.clone())?;
+        tree.insert(format!("key-{}", i % 64), fresh_value(i as u64))?;
         db.flush()?;
         samples.push(t.elapsed());
     }
@@ -357,9 +363,12 @@ async fn main() -> anyhow::Result<()> {
         for task in 0..a.concurrency {
             let (db, tree, done, value) = (db.clone(), tree.clone(), done.clone(), value.clone());
             threads.push(std::thread::spawn(move || {
+                let mut i = 0u64;
                 while Instant::now() < deadline {
-                    tree.insert(format!("key-{task}"), value.clone())
-                        .expect("insert");
+                    let mut v = value.clone();
+                    v[..8].copy_from_slice(&i.to_be_bytes());
+                    i += 1;
+                    tree.insert(format!("key-{task}"), v).expect("insert");
                     db.flush().expect("flush");
                     done.fetch_add(1, Ordering::Relaxed);
                 }
