@@ -185,9 +185,10 @@ pub async fn serve_with_storage(
         shared.spawn(async move { scan.timeout_scan().await });
     }
 
-    let served = server
-        .await
-        .map_err(|e| Error::Config(format!("server task failed: {e}")))?;
+    let served = match server.await {
+        Ok(served) => served.map_err(Error::from),
+        Err(e) => Err(Error::Config(format!("server task failed: {e}"))),
+    };
     let _ = shared.stop.send(true);
     // Join every background task; a task spawned while joining (e.g. by the last timeout scan)
     // sees `stop` and ends at once, and is joined by the next round, so no task outlives `serve`
