@@ -236,6 +236,21 @@ async fn restarts_between_produce_and_marker_and_between_marker_and_fetch_change
     for leader in &mut c.leaders {
         leader.stop().await;
     }
+    // The aborted index on disk, read back directly (the directory reopens at once).
+    use partition_leader::storage::Storage;
+    let storage = partition_leader::storage::SledStorage::open(&c.leaders[0].dir).unwrap();
+    let loaded = storage
+        .load(&cluster::TopicPartition::new(TOPIC, 0))
+        .unwrap();
+    assert_eq!(
+        loaded.aborted,
+        vec![partition_leader::core::AbortedTxn {
+            producer_id: 1,
+            first_offset: 0,
+            last_offset: 6
+        }]
+    );
+    assert_eq!(loaded.high_watermark, 7);
 }
 
 #[tokio::test]
