@@ -293,11 +293,9 @@ async fn story_and_check(
     }
 
     // 6. A wakes up.
-    story.step(
+    story.step(format!(
         "A wakes up and carries on with (PID {zombie_pid}, epoch {zombie_epoch})"
-            .replace("{zombie_pid}", &zombie_pid.to_string())
-            .replace("{zombie_epoch}", &zombie_epoch.to_string()),
-    );
+    ));
     let raw = RawRequests::new(config.clone())?;
     let mut fenced = Vec::new();
     let mut record = |request: String, result: Result<(), Error>, story: &Story| {

@@ -312,7 +312,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             transactions(cli.target.config()?, command, json).await
         }
         Command::Producers { topic, partition } => {
-            let admin = Admin::new(cli.target.config()?)?;
+            let admin = Admin::new(cli.target.config()?.with_max_retries(15))?;
             let producers = admin.describe_producers(&topic, partition).await?;
             if json {
                 let list: Vec<_> = producers
