@@ -161,3 +161,51 @@ pub(crate) fn uri(address: &str) -> String {
         format!("http://{address}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_problem() {
+        assert!(ClientConfig::new(["a:1"]).validate().is_ok());
+        let empty: [&str; 0] = [];
+        assert!(ClientConfig::new(empty).validate().is_err());
+        assert!(ClientConfig::new([" "]).validate().is_err());
+        let e = ClientConfig::new(["a:1"])
+            .with_transaction_timeout_ms(0)
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("transaction_timeout_ms"), "{e}");
+        let e = ClientConfig::new(["a:1"])
+            .with_transactional_id("x".repeat(256))
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("transactional_id"), "{e}");
+        assert!(ClientConfig::new(["a:1"])
+            .with_transactional_id("")
+            .validate()
+            .is_err());
+    }
+
+    #[test]
+    fn uri_adds_a_scheme_once() {
+        assert_eq!(uri("127.0.0.1:1"), "http://127.0.0.1:1");
+        assert_eq!(uri("http://h:1"), "http://h:1");
+    }
+
+    #[tokio::test]
+    async fn backoff_is_bounded_and_runs_out() {
+        let config = ClientConfig::new(["a:1"])
+            .with_retry_backoff(Duration::from_millis(1), Duration::from_millis(4))
+            .with_max_retries(5);
+        let mut backoff = Backoff::new(&config);
+        let start = std::time::Instant::now();
+        for _ in 0..5 {
+            assert!(backoff.wait().await);
+        }
+        assert!(!backoff.wait().await, "the budget is spent");
+        // 5 waits of at most 4 ms each (plus scheduling slack).
+        assert!(start.elapsed() < Duration::from_millis(500));
+    }
+}

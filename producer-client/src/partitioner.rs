@@ -123,4 +123,13 @@ mod tests {
             assert_eq!(p, partition_for_key(key.as_bytes(), 3));
         }
     }
+
+    #[test]
+    fn targets_convert_from_partitions_and_keys() {
+        assert_eq!(Target::from(2), Target::Partition(2));
+        assert_eq!(Target::from("k"), Target::Key(b"k".to_vec()));
+        assert_eq!(Target::from(String::from("k")).key(), b"k");
+        assert_eq!(Target::Partition(1).key(), b"");
+        assert_eq!(Target::PartitionWithKey(1, b"z".to_vec()).key(), b"z");
+    }
 }
