@@ -239,14 +239,25 @@ async fn epoch_exhaustion_rotates_the_pid_without_the_application_noticing() {
     assert_eq!((p.producer_id(), p.epoch()), (old_pid, 32_761));
     let mut committed = Vec::new();
     let mut seen_pairs = vec![(p.producer_id(), p.epoch())];
+    let mut retry_checked = false;
     for t in 0..10 {
         p.begin_transaction().unwrap();
         let v = format!("t{t}");
         p.send("input", t % 3, v.clone()).await.unwrap();
+        let before = (p.producer_id(), p.epoch());
         p.commit_transaction().await.unwrap();
         committed.push(v);
         seen_pairs.push((p.producer_id(), p.epoch()));
+        if p.producer_id() != old_pid && !retry_checked {
+            // A retry of the rotating EndTxn (old PID, epoch 32766) gets the new pair again,
+            // not PRODUCER_FENCED.
+            assert_eq!(before, (old_pid, 32_766));
+            let again = raw.end_txn(id, old_pid, 32_766, true).await.unwrap();
+            assert_eq!(again, (p.producer_id(), p.epoch()));
+            retry_checked = true;
+        }
     }
+    assert!(retry_checked);
     let rotated = seen_pairs
         .iter()
         .position(|(pid, _)| *pid != old_pid)
@@ -386,4 +397,31 @@ async fn keyed_sends_and_a_long_polling_read_committed_consumer() {
     got.sort();
     expected.sort();
     assert_eq!(got, expected);
+}
+
+/// An EndTxn retried after it succeeded (its answer was lost) is answered with the current
+/// (PID, epoch), never fenced; the other decision is INVALID_TXN_STATE, so a commit can never be
+/// turned into an abort.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_txn_retry_with_the_same_decision_is_answered_not_fenced() {
+    let cluster = cluster().await;
+    let id = "app";
+    let mut p = producer(&cluster, id).await;
+    p.begin_transaction().unwrap();
+    p.send("input", 0, "v").await.unwrap();
+    let (pid, epoch) = (p.producer_id(), p.epoch());
+    p.commit_transaction().await.unwrap();
+    wait_until(Duration::from_secs(10), "the commit completes", || async {
+        state(&cluster, id).await == TxnState::CompleteCommit
+    })
+    .await;
+    let raw = RawRequests::new(config(&cluster)).unwrap();
+    let again = raw.end_txn(id, pid, epoch, true).await.unwrap();
+    assert_eq!(again, (p.producer_id(), p.epoch()));
+    let e = raw.end_txn(id, pid, epoch, false).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidTxnState(_)), "{e:?}");
+    assert_eq!(
+        values(&cluster, "input", Isolation::ReadCommitted).await,
+        vec!["v"]
+    );
 }
