@@ -425,3 +425,58 @@ async fn end_txn_retry_with_the_same_decision_is_answered_not_fenced() {
         vec!["v"]
     );
 }
+
+/// Consumer-group offsets sent in a transaction are visible (OffsetFetch at the group's
+/// coordinator) only if it commits, and dropped if it aborts: atomic with the records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_offsets_commit_and_abort_with_the_transaction() {
+    let cluster = cluster().await;
+    let group = "g1";
+    let mut p = producer(&cluster, "offsets-app").await;
+    let mut consumer =
+        producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    let offsets =
+        |o: i64| std::collections::BTreeMap::from([(tp("input", 0), o), (tp("input", 1), o + 1)]);
+
+    p.begin_transaction().unwrap();
+    p.send("output", 0, "aborted").await.unwrap();
+    p.send_offsets_to_transaction(&offsets(10), group)
+        .await
+        .unwrap();
+    p.abort_transaction().await.unwrap();
+    assert!(consumer
+        .committed_offsets(group, &[])
+        .await
+        .unwrap()
+        .is_empty());
+
+    p.begin_transaction().unwrap();
+    p.send("output", 0, "committed").await.unwrap();
+    p.send_offsets_to_transaction(&offsets(20), group)
+        .await
+        .unwrap();
+    // Not visible while the transaction is open.
+    assert!(consumer
+        .committed_offsets(group, &[])
+        .await
+        .unwrap()
+        .is_empty());
+    p.commit_transaction().await.unwrap();
+    wait_until(Duration::from_secs(10), "the offsets commit", || async {
+        let mut c =
+            producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+        c.committed_offsets(group, &[]).await.unwrap() == offsets(20)
+    })
+    .await;
+    assert_eq!(
+        consumer
+            .committed_offsets(group, &[tp("input", 0)])
+            .await
+            .unwrap(),
+        std::collections::BTreeMap::from([(tp("input", 0), 20)])
+    );
+    assert_eq!(
+        values(&cluster, "output", Isolation::ReadCommitted).await,
+        vec!["committed"]
+    );
+}
