@@ -118,6 +118,10 @@ cstate() { # health status if the container has a healthcheck, else its run stat
 restart_count() { docker inspect -f '{{.RestartCount}}' "$1"; }
 
 teardown() {
+  # A run stopped half-way may leave containers paused: unpause them so they can be removed.
+  { docker ps -q --filter "label=$label" --filter status=paused
+    docker ps -q --filter "label=com.docker.compose.project=$project" --filter status=paused
+  } | xargs -r docker unpause >/dev/null 2>&1 || true
   docker ps -aq --filter "label=$label" | xargs -r docker rm -f >/dev/null 2>&1 || true
   compose down -v --remove-orphans >/dev/null 2>&1 || true
 }
@@ -258,18 +262,31 @@ wait_exit() { # wait_exit container timeout_seconds: prints the exit code, or "t
   done
   docker inspect -f '{{.State.ExitCode}}' "$c"
 }
+# Rejects new TCP connections from service $1 to service $2's port 9092, from inside $1's network
+# namespace (needs root and nsenter/iptables on the host; fails otherwise).
+block_markers() {
+  local pid ip
+  pid="$(docker inspect -f '{{.State.Pid}}' "$(cid "$1")")"
+  ip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$(cid "$2")")"
+  [[ "$pid" -gt 0 && -n "$ip" ]] || return 1
+  command -v nsenter >/dev/null && command -v iptables >/dev/null || return 1
+  nsenter -t "$pid" -n iptables -I OUTPUT -p tcp -d "$ip" --dport 9092 -j REJECT --reject-with tcp-reset 2>/dev/null
+}
 need_b_running() { running "$b" || die "producer B finished before step '$1' (the workload was too short for this machine)"; }
 leader_state() { # leader_state partition: the leader's producer state for X's PID on demo-<p>
   mb --json producers "$topic" "$1" 2>/dev/null | checker producer-state "$pid"
 }
 
+# A writes 50 records per transaction, so that a pause usually finds every partition in its
+# open transaction; B writes 10 per transaction, so that it commits often.
+a_per_txn=50
 per_txn=10
 
 # ================================================================================================
 step "2. Producer instance A: transactional id '$txn_id' in its own container"
-# A writes "A-0", "A-1", ... round robin over the 3 partitions, 10 records per transaction, and
+# A writes "A-0", "A-1", ... round robin over the 3 partitions, 50 records per transaction, and
 # would go on for a long time: it is stopped by the fencing below, not by its record count.
-produce_a=(produce --topic "$topic" --transactional-id "$txn_id" --records 1000000 --per-txn "$per_txn" --value-prefix A)
+produce_a=(produce --topic "$topic" --transactional-id "$txn_id" --records 1000000 --per-txn "$a_per_txn" --value-prefix A)
 a="$(mb_start producer-a "${produce_a[@]}")"
 say "container $a: minibroker ${produce_a[*]}"
 view="$(wait_txn 60 'epoch >= 2')" || die "A did not commit two transactions (coordinator: $view)"
@@ -298,13 +315,13 @@ a_init_epoch="$(docker logs "$a" 2>&1 | sed -n 's/.*initialised .*: PID [0-9-]* 
 a_committed_txns=$(( a_epoch - a_init_epoch ))
 say "PAUSE $a (docker pause: a GC pause) in the middle of a transaction"
 say "      coordinator: PID $a_pid epoch $a_epoch state Ongoing; A started at epoch $a_init_epoch and committed $a_committed_txns transactions"
-say "      A's open transaction: records A-$(( a_committed_txns * per_txn )) onwards on all 3 partitions, not committed"
+say "      A's open transaction: records A-$(( a_committed_txns * a_per_txn )) onwards on all 3 partitions, not committed"
 
 # ================================================================================================
 step "3. Producer instance B: the same transactional id, in a new container"
-# Sized from A's rate to last ~35 s unhindered (it takes longer with the crashes): long enough
-# for the two crash steps below.
-b_records=$(awk -v r="$rate" -v n="$per_txn" 'BEGIN { x = int(r * n * 35); if (x < 2000) x = 2000; if (x > 40000) x = 40000; print x - x % n }')
+# Sized from A's rate: as many records as A writes in 20 s. With 10 instead of 50 records per
+# transaction B is slower, and the crashes hold it up: it runs long enough for steps 5 and 6.
+b_records=$(awk -v r="$rate" -v n="$a_per_txn" -v m="$per_txn" 'BEGIN { x = int(r * n * 20); if (x < 3000) x = 3000; if (x > 40000) x = 40000; print x - x % m }')
 produce_b=(--json produce --topic "$topic" --transactional-id "$txn_id" --records "$b_records" --per-txn "$per_txn" --value-prefix B)
 b="$(mb_start producer-b "${produce_b[@]}")"
 say "container $b: minibroker ${produce_b[*]}"
@@ -343,29 +360,35 @@ if [[ $break_fencing -eq 1 ]]; then
 else
 step "5. Crash the coordinator of '$txn_id' ($owner) between PrepareCommit and CompleteCommit"
 need_b_running "coordinator crash"
-# Pausing the leader of one partition holds B's next commit in PrepareCommit (its COMMIT marker
-# cannot be written there): a deterministic moment to crash the coordinator mid-commit.
-docker pause "$(cid leader-2)" >/dev/null
-say "PAUSE leader-2: COMMIT markers for $topic-1 cannot be written, so B's next commit stays in PrepareCommit"
-if ! view="$(wait_txn 30 'state == "PrepareCommit"')"; then
-  docker unpause "$(cid leader-2)" >/dev/null
-  die "B's commit did not reach PrepareCommit (coordinator: $view)"
-fi
-read -r _ prep_epoch _ <<<"$view"
-say "      coordinator: PID $b_pid epoch $prep_epoch state PrepareCommit (the decision is durable; markers pending)"
-crash_started=$(date +%s)
+# To crash the coordinator at a known point of a commit, stop its COMMIT markers from reaching
+# leader-2: a firewall rule inside the coordinator's network namespace rejects its new connections
+# to leader-2's port (B's own traffic, and leader-2's calls to the coordinator, are untouched). B's
+# next EndTxn makes PrepareCommit durable and is answered; the markers then cannot all be written,
+# so the transaction stays in PrepareCommit. The rule dies with the container's network namespace.
+prep_epoch=""
 c_owner="$(cid "$owner")"
-crash_and_wait "$owner" "a commit is decided but not complete" &
-crash_pid=$!
-# Let the leader go as soon as the coordinator is dead, so the restarted one can finish.
-for _ in $(seq 1 100); do [[ "$(restart_count "$c_owner")" -gt 0 ]] && break; sleep 0.1; done
-docker unpause "$(cid leader-2)" >/dev/null
-say "UNPAUSE leader-2"
-wait "$crash_pid" || die "$owner did not come back"
+if block_markers "$owner" leader-2; then
+  say "BLOCK $owner -> leader-2 (iptables in $owner's network namespace): COMMIT markers for $topic-1 cannot be delivered"
+  view="$(wait_txn 30 'state == "PrepareCommit"')" || die "B's commit did not reach PrepareCommit (coordinator: $view)"
+  read -r _ prep_epoch _ <<<"$view"
+  say "      coordinator: PID $b_pid epoch $prep_epoch state PrepareCommit (the commit is decided and durable; markers pending)"
+  crash_why="B's commit at epoch $prep_epoch is decided but not complete"
+else
+  say "      (cannot enter $owner's network namespace here: crashing it at a random moment of B's commits)"
+  crash_why="B is committing a transaction every few milliseconds"
+fi
+crash_started=$(date +%s)
+crash_and_wait "$owner" "$crash_why"
 resumed="$(docker logs --since "$crash_started" "$c_owner" 2>&1 | grep -E 'resuming markers|transaction state loaded' | sed 's/^[^ ]* *//' | head -n 3)"
 [[ -n "$resumed" ]] && sed 's/^/        | /' <<<"$resumed"
-view="$(wait_txn 60 "epoch > $prep_epoch")" || die "the commit did not complete after the restart (coordinator: $view)"
-check "the commit decided before the crash completed after the restart (epoch $prep_epoch -> $(cut -d' ' -f2 <<<"$view"))" true
+if [[ -n "$prep_epoch" ]]; then
+  view="$(wait_txn 60 "epoch > $prep_epoch")" || die "the commit did not complete after the restart (coordinator: $view)"
+  check "the commit decided before the crash completed after the restart (epoch $prep_epoch -> $(cut -d' ' -f2 <<<"$view"))" true
+  check "the restarted coordinator resumed the commit's markers from __transaction_state" \
+    grep -q 'resuming markers.*Commit' <<<"$resumed"
+else
+  read -r _ prep_epoch _ <<<"$(txn_view)"
+fi
 view="$(wait_txn 60 "epoch >= $prep_epoch + 3")" \
   || die "B did not carry on after the coordinator restart (coordinator: $view)"
 check "B carries on after the coordinator crash (now at epoch $(cut -d' ' -f2 <<<"$view"))" true
@@ -399,7 +422,7 @@ step "7. A read_committed consumer reads '$topic' from the beginning"
 mb --json consume --topic "$topic" --isolation read-committed --from-beginning >"$workdir/consumed.jsonl"
 say "      $(wc -l <"$workdir/consumed.jsonl") records visible to read_committed"
 verify_ok=1
-checker verify --consumed "$workdir/consumed.jsonl" --per-txn "$per_txn" \
+checker verify --consumed "$workdir/consumed.jsonl" --per-txn "$a_per_txn" \
   --a-committed-txns "$a_committed_txns" --b-summary "$workdir/b.out" >"$workdir/verdict" || verify_ok=0
 sed 's/^/      /' "$workdir/verdict"
 check "every committed record exactly once, nothing of A's aborted transaction" test "$verify_ok" = 1

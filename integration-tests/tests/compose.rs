@@ -10,13 +10,17 @@
 //! visible. The script exits non-zero on any violation, and removes its containers, network and
 //! volumes whether it passes or fails (also when this test stops it at the deadline).
 //!
+//! Then it runs the script once more with `--break-fencing`: the partition leaders skip the
+//! producer-epoch check, and the run passes only if the final check catches A's zombie write.
+//! That proves the check would fail CI if fencing broke.
+//!
 //! Without Docker or a Compose tool the test passes with a notice, unless
 //! `MINIBROKER_REQUIRE_DOCKER=1` (CI sets it): then it fails. `MINIBROKER_SKIP_COMPOSE=1` skips it
 //! on purpose; `MINIBROKER_COMPOSE_TIMEOUT_SECS` changes the deadline (default 1500 s, which
 //! includes a static release build from a clean target directory).
 
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -98,17 +102,32 @@ fn compose_fencing_scenario() {
     // A project name of its own, so a demo a developer left running (--keep) is not touched.
     let project = format!("minibroker-ci-{}", std::process::id());
 
+    let deadline = Instant::now() + Duration::from_secs(timeout);
+    run_scenario(&repo, &project, &["--ci"], deadline);
+    // The image is built by now: the self-test of the checker reuses it.
+    run_scenario(
+        &repo,
+        &project,
+        &["--ci", "--no-build", "--break-fencing"],
+        deadline,
+    );
+}
+
+/// Runs `scripts/compose-demo.sh` with `args` and fails the test unless it exits 0 in time.
+fn run_scenario(repo: &Path, project: &str, args: &[&str], deadline: Instant) {
+    eprintln!("== scripts/compose-demo.sh {}", args.join(" "));
     let mut child = Command::new("bash")
         .arg(repo.join("scripts/compose-demo.sh"))
-        .args(["--ci", "--project", &project])
-        .current_dir(&repo)
+        .args(args)
+        .args(["--project", project])
+        .current_dir(repo)
         .env("CARGO", env!("CARGO"))
         .stdin(Stdio::null())
         .process_group(0)
         .spawn()
         .expect("starting scripts/compose-demo.sh");
 
-    let status = match wait_until(&mut child, Instant::now() + Duration::from_secs(timeout)) {
+    let status = match wait_until(&mut child, deadline) {
         Some(status) => status,
         None => {
             // The script's trap tears the cluster down on SIGTERM; give it time to do so.
@@ -119,16 +138,17 @@ fn compose_fencing_scenario() {
                 // The trap did not get to run: remove the containers, network and volumes here.
                 let _ = Command::new("bash")
                     .arg(repo.join("scripts/compose-demo.sh"))
-                    .args(["--down", "--project", &project])
-                    .current_dir(&repo)
+                    .args(["--down", "--project", project])
+                    .current_dir(repo)
                     .stdin(Stdio::null())
                     .status();
             }
-            panic!("the compose scenario did not finish within {timeout} s");
+            panic!("compose-demo.sh {} did not finish in time", args.join(" "));
         }
     };
     assert!(
         status.success(),
-        "the compose scenario failed ({status}); its timeline and verdict are printed above"
+        "compose-demo.sh {} failed ({status}); its timeline and verdict are printed above",
+        args.join(" ")
     );
 }
