@@ -74,9 +74,39 @@ where
     }
 }
 
+/// Waits until no transaction is open on any partition of `topic` (LSO == high watermark
+/// everywhere). A commit is acknowledged once its decision is durable; its markers reach the
+/// leaders a moment later (as in Kafka), so a reader that must see every committed record waits
+/// for this first.
+pub async fn wait_settled(cluster: &EmbeddedCluster, topic: &str) {
+    let admin = Admin::new(config(cluster)).expect("admin");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ends = admin.end_offsets(topic).await.expect("end offsets");
+        if ends.values().all(|(hw, lso)| hw == lso) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{topic} still has open transactions: {ends:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Every record value of `topic` (all partitions) visible at `isolation`, per partition in
-/// offset order.
+/// offset order, once every transaction on it has settled ([`wait_settled`]).
 pub async fn read_topic(
+    cluster: &EmbeddedCluster,
+    topic: &str,
+    isolation: Isolation,
+) -> BTreeMap<i32, Vec<String>> {
+    wait_settled(cluster, topic).await;
+    read_topic_now(cluster, topic, isolation).await
+}
+
+/// Like [`read_topic`], without waiting for open transactions to settle.
+pub async fn read_topic_now(
     cluster: &EmbeddedCluster,
     topic: &str,
     isolation: Isolation,
@@ -96,9 +126,22 @@ pub async fn read_topic(
     out
 }
 
-/// Every value of `topic` at `isolation`, flattened.
+/// Every value of `topic` at `isolation`, flattened, once settled.
 pub async fn values(cluster: &EmbeddedCluster, topic: &str, isolation: Isolation) -> Vec<String> {
     read_topic(cluster, topic, isolation)
+        .await
+        .into_values()
+        .flatten()
+        .collect()
+}
+
+/// Every value of `topic` at `isolation` right now (open transactions hold read_committed back).
+pub async fn values_now(
+    cluster: &EmbeddedCluster,
+    topic: &str,
+    isolation: Isolation,
+) -> Vec<String> {
+    read_topic_now(cluster, topic, isolation)
         .await
         .into_values()
         .flatten()

@@ -99,8 +99,10 @@ async fn old_instance_open_transaction_is_aborted_and_invisible() {
         a.send("input", p, format!("a-open-{p}")).await.unwrap();
     }
     // The open transaction holds back read_committed readers (LSO) but not read_uncommitted.
+    // (The first commit is complete: the coordinator refused AddPartitionsToTxn with
+    // CONCURRENT_TRANSACTIONS until its markers were written.)
     assert_eq!(
-        values(&cluster, "input", Isolation::ReadCommitted).await,
+        integration_tests::values_now(&cluster, "input", Isolation::ReadCommitted).await,
         vec!["a-committed"]
     );
 

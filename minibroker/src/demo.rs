@@ -22,7 +22,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use producer_client::{
-    ClientConfig, Consumer, Error, Isolation, RawRequests, TopicPartition, TransactionalProducer,
+    Admin, ClientConfig, Consumer, Error, Isolation, RawRequests, TopicPartition,
+    TransactionalProducer,
 };
 use serde::Serialize;
 
@@ -403,9 +404,22 @@ async fn story_and_check(
     committed.extend(b_values);
     let b_after_commit = (b.producer_id(), b.epoch());
     story.say(format!(
-        "B's transaction committed; B now holds (PID {}, epoch {})",
+        "EndTxn(COMMIT) answered once PrepareCommit was durable; B now holds (PID {}, epoch {})",
         b_after_commit.0, b_after_commit.1
     ));
+    // The COMMIT markers reach the leaders a moment after EndTxn answers (as in Kafka): wait
+    // for CompleteCommit and for every partition to settle (LSO == high watermark).
+    let settled = wait_settled(cluster, &partitions).await;
+    story.say(match &settled {
+        Ok(()) => "COMMIT markers written to every partition: the transaction is CompleteCommit"
+            .to_string(),
+        Err(e) => format!("the commit did not complete: {e}"),
+    });
+    check(
+        "B's commit completes (markers written everywhere)",
+        settled.is_ok(),
+        settled.err().unwrap_or_default(),
+    );
 
     // 8. Verify.
     story.step("Checking with a read_committed consumer (from the beginning of every partition)");
@@ -526,4 +540,36 @@ async fn story_and_check(
 /// The client configuration the demo's instances use (exposed for tests).
 pub fn instance_config(cluster: &EmbeddedCluster) -> ClientConfig {
     cluster.client_config().with_transactional_id(TXN_ID)
+}
+
+/// Waits (bounded) until the demo's transactional id is CompleteCommit and no transaction is
+/// open on `partitions` (LSO == high watermark).
+async fn wait_settled(
+    cluster: &EmbeddedCluster,
+    partitions: &[TopicPartition],
+) -> Result<(), String> {
+    let admin = Admin::new(cluster.client_config()).map_err(|e| e.to_string())?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let complete = admin
+            .describe_transaction(TXN_ID)
+            .await
+            .map(|d| d.state == proto::TxnState::CompleteCommit as i32)
+            .unwrap_or(false);
+        let stable = match admin.end_offsets(TOPIC).await {
+            Ok(ends) => partitions
+                .iter()
+                .all(|tp| ends.get(&tp.partition).is_some_and(|(hw, lso)| hw == lso)),
+            Err(_) => false,
+        };
+        if complete && stable {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "after 20 s: transaction complete {complete}, partitions stable {stable}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
