@@ -112,16 +112,22 @@ pub async fn serve(
         )));
     }
     let dir = config.data_dir.clone();
+    let config_dir = dir.clone();
     std::fs::create_dir_all(&dir)?;
     let storage = tokio::task::spawn_blocking(move || SledStorage::open(dir))
         .await
         .map_err(|e| StorageError::Task(e.to_string()))??;
     let storage: Arc<dyn Storage> = Arc::new(storage);
     let result = serve_with_storage(config, storage.clone(), listener, shutdown).await;
-    // The last reference: dropping it closes sled (its flusher thread is joined).
-    tokio::task::spawn_blocking(move || drop(storage))
-        .await
-        .map_err(|e| StorageError::Task(e.to_string()))?;
+    // The last reference: dropping it closes sled; then wait until sled's background threads
+    // released the lock file, so the directory can be reopened as soon as `serve` returns.
+    let dir = config_dir;
+    tokio::task::spawn_blocking(move || {
+        drop(storage);
+        crate::storage::wait_until_unlocked(&dir, crate::storage::LOCK_WAIT)
+    })
+    .await
+    .map_err(|e| StorageError::Task(e.to_string()))??;
     result
 }
 
@@ -169,7 +175,16 @@ pub async fn serve_with_storage(
             shared: shared.clone(),
         }))
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            // Small request/response RPCs: no Nagle delay on accepted connections.
+            tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                |stream| {
+                    if let Ok(s) = &stream {
+                        let _ = s.set_nodelay(true);
+                    }
+                    stream
+                },
+            ),
             async move {
                 let _ = server_stop.wait_for(|stopped| *stopped).await;
             },

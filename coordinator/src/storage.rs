@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use cluster::TopicPartition;
 
@@ -48,6 +49,9 @@ pub enum StorageError {
         /// Why.
         reason: String,
     },
+    /// A file-system error.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
     /// The blocking task running a storage call failed.
     #[error("storage task: {0}")]
     Task(String),
@@ -99,8 +103,10 @@ pub struct SledStorage {
 }
 
 impl SledStorage {
-    /// Opens (or creates) the database in `dir`.
+    /// Opens (or creates) the database in `dir`, first waiting (up to [`LOCK_WAIT`]) for a
+    /// previous instance in this process to release sled's lock file.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StorageError> {
+        wait_until_unlocked(dir.as_ref(), LOCK_WAIT)?;
         let db = sled::Config::new().path(dir.as_ref()).open()?;
         Ok(Self {
             txns: db.open_tree(TXN_STATE_TREE)?,
@@ -124,6 +130,41 @@ impl SledStorage {
                     reason: format!("{} bytes, expected 8", v.len()),
                 }
             })?)),
+        }
+    }
+}
+
+/// How long [`SledStorage::open`] and [`wait_until_unlocked`] wait for sled's lock.
+pub const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until nobody holds sled's exclusive lock on `dir/db` (or `timeout` passed).
+///
+/// Why: dropping the last `sled::Db` does not release the lock at once; sled's background
+/// threads still hold the file for a moment, so an immediate reopen in the same process (a
+/// restart in tests, `EmbeddedCluster`) can fail with "could not acquire lock". This polls the
+/// same `flock` sled takes, with a deadline.
+pub fn wait_until_unlocked(dir: &Path, timeout: Duration) -> Result<(), StorageError> {
+    use fs2::FileExt;
+    let path = dir.join("db");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let file = match std::fs::OpenOptions::new().read(true).open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        match file.try_lock_exclusive() {
+            Ok(()) => {
+                file.unlock()?;
+                return Ok(());
+            }
+            Err(e) if Instant::now() >= deadline => {
+                return Err(StorageError::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("{} is still locked after {timeout:?}: {e}", path.display()),
+                )))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
 }
@@ -344,6 +385,7 @@ mod tests {
             let store = SledStorage::open(dir.path()).unwrap();
             exercise(&store);
         }
+        // Reopening at once works: `open` waits for the previous instance's lock to go.
         let store = SledStorage::open(dir.path()).unwrap();
         let snap = store.load().unwrap();
         assert_eq!(snap.txns.len(), 2);
