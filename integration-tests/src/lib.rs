@@ -3,11 +3,20 @@
 //! synchronisation), reading a topic to its end, and describing a transactional id.
 //!
 //! Scenario files:
-//! - `tests/fencing.rs`: InitProducerId and epochs, zombies rejected everywhere, KIP-360
-//!   recovery, epoch exhaustion, the transaction timeout.
-//! - `tests/faults.rs`: a coordinator killed between PrepareCommit and CompleteCommit, a leader
-//!   restarted mid-transaction, the consume-transform-produce app killed and replaced mid-stream.
+//! - `tests/fencing.rs`: a new id gets epoch 0; a second instance gets the same PID and a higher
+//!   epoch and fences the first at every service (sticky fatal error in the client); the old
+//!   instance's open transaction is aborted and invisible; a zombie is rejected at a partition it
+//!   never wrote to; KIP-360 recovery (OUT_OF_ORDER_SEQUENCE_NUMBER, abort, bump with the expected
+//!   epoch, success); epoch exhaustion (PID rotation) unnoticed by the application; a
+//!   transaction timeout reported as TRANSACTION_TIMED_OUT (abortable); EndTxn retries; keyed
+//!   sends and a long-polling read_committed consumer; group offsets atomic with the transaction.
+//! - `tests/faults.rs`: a coordinator killed between PrepareCommit and CompleteCommit; a leader
+//!   restarted mid-transaction; a commit retried across a coordinator restart; a send retried
+//!   until a killed leader returns; the idempotent producer across a leader restart; the
+//!   consume-transform-produce app (10,000 records) crashed and replaced, then replaced while
+//!   running (fenced), with every input record in the output exactly once.
 //! - `tests/demo.rs`: `minibroker demo` passes, and fails when the leaders skip the epoch check.
+//! - `tests/compose.rs` (issue 5): the docker compose scenario.
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -317,3 +317,29 @@ async fn idempotent_producer_across_a_leader_restart() {
         .unwrap();
     assert_eq!(state.last_sequence, 9);
 }
+
+/// A send to a leader that is down is retried (same batch, same sequence) until the leader is
+/// back, and lands exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_is_retried_until_a_killed_leader_returns() {
+    let mut cluster = cluster().await;
+    let mut p = TransactionalProducer::connect(config(&cluster).with_transactional_id("app"))
+        .await
+        .unwrap();
+    p.init_transactions().await.unwrap();
+    p.begin_transaction().unwrap();
+    p.send("input", 0, "first").await.unwrap();
+    let leader = cluster.topology().leader_for("input", 0).unwrap().id;
+    cluster.kill(leader).await.unwrap();
+    let send = tokio::spawn(async move {
+        let result = p.send("input", 0, "second").await;
+        (p, result)
+    });
+    cluster.restart(leader).await.unwrap();
+    let (mut p, result) = send.await.unwrap();
+    assert!(!result.unwrap().duplicate);
+    p.commit_transaction().await.unwrap();
+    let by_partition =
+        integration_tests::read_topic(&cluster, "input", Isolation::ReadCommitted).await;
+    assert_eq!(by_partition[&0], vec!["first", "second"]);
+}
