@@ -733,3 +733,64 @@ async fn serve_refuses_a_node_that_is_not_a_coordinator() {
         .unwrap_err();
     assert!(err.to_string().contains("not a coordinator"), "{err}");
 }
+
+#[tokio::test]
+async fn epoch_exhaustion_over_grpc_with_retries_across_a_restart() {
+    let mut cluster = Cluster::start(1).await;
+    // Seed an id one bump away from exhaustion, as if it had lived for 32,765 transactions.
+    cluster.stop(1).await;
+    let dir = cluster.coordinators[0].dir.clone();
+    {
+        let storage = coordinator::storage::SledStorage::open(&dir).unwrap();
+        let mut meta = coordinator::core::TxnMetadata::new("txn-old", 999_999, 60_000, 0);
+        meta.producer_epoch = 32_765;
+        coordinator::storage::Storage::put_txn(&storage, &meta).unwrap();
+    }
+    cluster.restart(1).await;
+    let mut t = Txn::new(cluster.client(1).await, "txn-old");
+    let old = (999_999, 32_765);
+    let r = t.init_raw(60_000, old).await;
+    assert_eq!(code(r.error_code), ErrorCode::None);
+    let at_max = (r.producer_id, r.producer_epoch);
+    assert_eq!(at_max, (999_999, 32_766));
+    // A transaction ending at 32766: markers at (old PID, 32767), the client gets (new PID, 0).
+    assert_eq!(t.add(at_max, vec![tp("t", 0)]).await, ErrorCode::None);
+    cluster.leaders[0].set_ack(false);
+    let rotated = t.end(at_max, true).await;
+    assert_ne!(rotated.0, 999_999);
+    assert_eq!(rotated.1, 0);
+    let d = t.wait_state(TxnState::PrepareCommit).await;
+    assert_eq!(
+        (d.producer_id, d.producer_epoch, d.next_producer_id),
+        (999_999, 32_767, rotated.0)
+    );
+    // Restart in the middle: the rotation and the commit survive, the retry is recognised.
+    cluster.restart(1).await;
+    let mut t = Txn::new(cluster.client(1).await, "txn-old");
+    assert_eq!(
+        code(t.end_raw(at_max, true).await.error_code),
+        ErrorCode::ConcurrentTransactions
+    );
+    cluster.leaders[0].set_ack(true);
+    let d = t.wait_state(TxnState::CompleteCommit).await;
+    assert_eq!(
+        (d.producer_id, d.producer_epoch, d.previous_producer_id),
+        (rotated.0, 0, 999_999)
+    );
+    for m in cluster.leaders[0].markers() {
+        assert_eq!((m.producer_id, m.producer_epoch), (999_999, 32_767));
+        assert_eq!(m.result, proto::TxnResult::Commit as i32);
+    }
+    assert_eq!(
+        t.end(at_max, true).await,
+        rotated,
+        "retry after rotation gets the new pair"
+    );
+    let r = t.init_raw(60_000, at_max).await;
+    assert_eq!((r.producer_id, r.producer_epoch), rotated);
+    assert_eq!(
+        t.add(at_max, vec![tp("t", 0)]).await,
+        ErrorCode::ProducerFenced
+    );
+    assert_eq!(t.add(rotated, vec![tp("t", 0)]).await, ErrorCode::None);
+}
