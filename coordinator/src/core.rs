@@ -1988,4 +1988,175 @@ mod tests {
         let back: TxnMetadata = serde_json::from_slice(&json).unwrap();
         assert_eq!(&back, w.meta());
     }
+
+    // ---- randomized simulation of the invariants (PROTOCOL.md section 11) -------------------
+
+    /// A tiny deterministic generator (no dependency, reproducible by seed).
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) % n
+        }
+    }
+
+    /// Random interleavings of several producer instances, the timeout scan and marker
+    /// completion against one id. After every step: only the current pair may add or end; a PID's
+    /// epochs never go down; markers carry an epoch above every epoch that wrote in the
+    /// transaction; a decided transaction completes with its decision; rotated PIDs are fresh.
+    #[test]
+    fn random_interleavings_keep_the_invariants() {
+        // (accepted writes, marker checks, rotations, timeouts, commits completed)
+        let mut stats = [0u32; 5];
+        for seed in 0..300u64 {
+            let mut rng = Lcg(seed);
+            let mut w = World::new();
+            // Half the runs start near exhaustion to cross the rotation.
+            if seed % 2 == 1 {
+                let mut meta = TxnMetadata::new(ID, 1, TIMEOUT, NOW);
+                meta.producer_epoch = MAX_CLIENT_EPOCH - 3;
+                w.meta = Some(meta);
+                w.next_pid = 1000;
+            }
+            let mut handles: Vec<Option<ProducerIdAndEpoch>> = vec![None; 3];
+            let mut max_epoch: BTreeMap<ProducerId, ProducerEpoch> = BTreeMap::new();
+            let mut used_pids: BTreeSet<ProducerId> =
+                w.meta.iter().map(|m| m.producer_id).collect();
+            let mut writers_in_txn: Vec<ProducerIdAndEpoch> = Vec::new();
+            for step in 0..300i64 {
+                let h = rng.next(3) as usize;
+                let before = w.meta.clone();
+                let caller = handles[h].unwrap_or(pe(-1, -1));
+                let op = rng.next(9);
+                let out = match op {
+                    0 => w.init(None),
+                    1 => w.init(handles[h]),
+                    2 | 3 => w.add(caller, &[rng.next(2) as i32]),
+                    4 => w.add_group(caller, "g"),
+                    5 => w.commit_offsets(caller, "g", &[(0, step)]),
+                    6 => w.end(
+                        caller,
+                        if rng.next(2) == 0 {
+                            TxnResult::Commit
+                        } else {
+                            TxnResult::Abort
+                        },
+                    ),
+                    7 => match w.meta.as_ref().and_then(|m| m.pending_markers()) {
+                        Some(job) => w.apply(|w, _| complete_markers(w.meta(), &job, w.now)),
+                        None => continue,
+                    },
+                    _ if w.meta.is_none() => continue,
+                    _ => {
+                        w.now += i64::from(TIMEOUT) / 2;
+                        match w.expire() {
+                            Some(out) => out,
+                            None => continue,
+                        }
+                    }
+                };
+                let ctx = format!("seed {seed} step {step} op {op} handle {h} caller {caller}");
+                // Only the current pair may write into or end a transaction.
+                if matches!(op, 2..=6) && out.reply.is_ok() {
+                    let current = before.as_ref().unwrap().client_identity();
+                    let retry = before.as_ref().unwrap().last_identity() == Some(caller);
+                    assert!(
+                        caller == current || (op == 6 && retry),
+                        "{ctx}: {caller} acted, current {current}"
+                    );
+                    if matches!(op, 2..=5) && out.persist.is_some() {
+                        writers_in_txn.push(caller);
+                        stats[0] += 1;
+                    }
+                }
+                if let Some(next) = &out.persist {
+                    let prev_state = before.as_ref().map(|m| m.state);
+                    // Decided transactions complete with their decision.
+                    if let Some(prev) = prev_state.filter(|s| s.is_prepare()) {
+                        assert_eq!(
+                            TxnResult::of_state(next.state),
+                            TxnResult::of_state(prev),
+                            "{ctx}"
+                        );
+                        assert!(
+                            matches!(
+                                next.state,
+                                TxnState::CompleteCommit | TxnState::CompleteAbort
+                            ),
+                            "{ctx}"
+                        );
+                    }
+                    // Epochs per PID never go down; new PIDs are fresh.
+                    for pair in [next.client_identity(), next.marker_identity()] {
+                        let max = max_epoch.entry(pair.producer_id).or_insert(pair.epoch);
+                        if pair == next.marker_identity() && !next.state.is_prepare() {
+                            continue;
+                        }
+                        assert!(pair.epoch >= *max, "{ctx}: {pair} after epoch {max}");
+                        *max = pair.epoch;
+                    }
+                    let pid = next.client_identity().producer_id;
+                    if before.as_ref().is_none_or(|b| !b.knows_pid(pid))
+                        && next.next_producer_id != pid
+                    {
+                        assert!(used_pids.insert(pid), "{ctx}: pid {pid} reused");
+                    }
+                    if next.previous_producer_id
+                        != before.as_ref().map_or(-1, |b| b.previous_producer_id)
+                    {
+                        stats[2] += 1;
+                    }
+                    if next.timed_out && !before.as_ref().is_some_and(|b| b.timed_out) {
+                        stats[3] += 1;
+                    }
+                    if next.state == TxnState::CompleteCommit
+                        && prev_state != Some(TxnState::CompleteCommit)
+                    {
+                        stats[4] += 1;
+                    }
+                    if next.next_producer_id != NO_PRODUCER_ID {
+                        assert!(
+                            used_pids.insert(next.next_producer_id),
+                            "{ctx}: next pid reused"
+                        );
+                    }
+                    if next.state.is_settled()
+                        && !prev_state.is_some_and(|s| s == TxnState::Ongoing)
+                    {
+                        writers_in_txn.clear();
+                    }
+                }
+                // Markers carry an epoch above every epoch that wrote in the transaction.
+                if let Some(job) = &out.markers {
+                    for writer in writers_in_txn.drain(..) {
+                        if writer.producer_id == job.identity.producer_id {
+                            stats[1] += 1;
+                            assert!(
+                                job.identity.epoch > writer.epoch,
+                                "{ctx}: marker {} vs writer {writer}",
+                                job.identity
+                            );
+                        }
+                    }
+                }
+                // The caller adopts the pair of an OK Init/EndTxn reply, like a client.
+                if matches!(op, 0 | 1 | 6) {
+                    if let Ok(pair) = out.reply {
+                        handles[h] = Some(pair);
+                    }
+                }
+            }
+        }
+        // The runs exercised what they claim to.
+        let [writes, marker_checks, rotations, timeouts, commits] = stats;
+        assert!(writes > 1000 && marker_checks > 300, "{stats:?}");
+        assert!(
+            rotations > 20 && timeouts > 20 && commits > 100,
+            "{stats:?}"
+        );
+    }
 }
