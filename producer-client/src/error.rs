@@ -7,7 +7,9 @@
 //!   application calls `abort_transaction()`; the client then bumps the epoch (KIP-360) and the
 //!   producer carries on.
 //! - **retriable** ([`Error::is_retriable`]): transient. The client already retried these with
-//!   backoff; one reaching the application means the retries ran out.
+//!   backoff; one reaching the application means the retries ran out. Inside a transaction the
+//!   transaction then has to be aborted (a Produce may or may not have been appended), except
+//!   for a commit whose outcome is unknown: call `commit_transaction()` again, never abort it.
 //!
 //! Anything else (bad configuration, misuse of the API, a request the server refused as invalid)
 //! is none of the three: a bug to fix, not a condition to handle.
