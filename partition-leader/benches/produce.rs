@@ -5,6 +5,8 @@
 //! request in flight (as an idempotent producer with max-in-flight 1), so each request pays one
 //! flush. Rows:
 //! - `bare sled`: a `sled::Batch` of the records under big-endian offset keys + `flush`;
+//! - `sled engine write`: the leader's storage engine alone (`SledStorage::write`: records,
+//!   producer state and high watermark in one multi-tree sled transaction, then `flush`);
 //! - `in-process`: `LeaderService::produce` called directly over the sled engine (the core
 //!   checks, the multi-tree transaction with producer state, the flush), no network;
 //! - `gRPC`: the same over loopback gRPC against `partition_leader::serve`, with the real
@@ -21,8 +23,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cluster::{ProducerEpoch, ProducerId, TopicPartition, Topology};
+use partition_leader::core::{BatchMetadata, DataRecord, LogEntry, ProducerState};
 use partition_leader::service::LeaderService;
-use partition_leader::storage::SledStorage;
+use partition_leader::storage::{SledStorage, Storage, Write};
 use partition_leader::verify::TxnVerifier;
 use partition_leader::LeaderConfig;
 use proto::partition_leader_client::PartitionLeaderClient;
@@ -116,6 +119,8 @@ enum Target {
         tree: sled::Tree,
         offset: i64,
     },
+    /// The storage engine alone: `SledStorage::write` (multi-tree transaction + flush).
+    Engine(Arc<SledStorage>, i64),
     InProcess(LeaderService, Producer),
     Grpc(PartitionLeaderClient<Channel>, Producer),
 }
@@ -154,6 +159,42 @@ impl Row {
                         tree.apply_batch(b).unwrap();
                         db.flush().unwrap();
                     });
+                }
+                Target::Engine(storage, offset) => {
+                    let entries = (0..batch)
+                        .map(|_| {
+                            LogEntry::Data(DataRecord {
+                                producer_id: 1,
+                                producer_epoch: 0,
+                                is_transactional: false,
+                                key: offset.to_be_bytes().to_vec(),
+                                value: vec![b'x'; RECORD],
+                                timestamp_ms: 1,
+                            })
+                        })
+                        .collect();
+                    let state = ProducerState {
+                        epoch: 0,
+                        batches: [BatchMetadata {
+                            first_seq: *offset as i32,
+                            last_seq: (*offset + batch as i64 - 1) as i32,
+                            base_offset: *offset,
+                        }]
+                        .into(),
+                        txn_first_offset: None,
+                        coordinator_generation: -1,
+                        last_update_ms: 1,
+                    };
+                    let write = Write {
+                        base_offset: *offset,
+                        entries,
+                        producer: Some((1, state)),
+                        aborted: None,
+                        high_watermark: *offset + batch as i64,
+                    };
+                    *offset += batch as i64;
+                    let tp = TopicPartition::new(format!("engine-{batch}"), 0);
+                    tokio::task::block_in_place(|| storage.write(&tp, &write).unwrap());
                 }
                 Target::InProcess(service, producer) => {
                     let request = tonic::Request::new(producer.next(batch));
@@ -218,10 +259,12 @@ async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let dirs: Vec<_> = (0..5).map(|_| tempfile::tempdir().unwrap()).collect();
 
     // Bare sled.
     let db = sled::open(dirs[0].path()).unwrap();
+    // The leader's storage engine alone.
+    let engine = Arc::new(SledStorage::open(dirs[4].path()).unwrap());
     // In-process leader (verification always succeeds).
     let in_process = {
         let config = LeaderConfig::new(101, dirs[1].path(), topology("127.0.0.1:1", "127.0.0.1:2"));
@@ -278,6 +321,7 @@ async fn main() {
                 offset: 0,
             },
         ));
+        rows.push(row("sled engine write", Target::Engine(engine.clone(), 0)));
         let idempotent = |pid| Producer {
             pid,
             epoch: 0,
