@@ -112,11 +112,11 @@ async fn committed_total(consumer: &Mutex<Consumer>, group: &str) -> u64 {
 
 /// The classic exactly-once workload: 10,000 input records; processor 1 is killed mid-stream
 /// (its task dropped, like a crash: whatever it had in flight is abandoned), processor 2
-/// replaces it and is itself replaced by processor 3 while still running (3 fences 2), and
-/// processor 3 finishes. The output holds every input record exactly once.
+/// replaces it, rides out a restart of a partition leader, and is itself replaced by processor 3
+/// while still running (3 fences 2), and processor 3 finishes. The output holds every input record exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_transform_produce_killed_and_replaced_mid_stream() {
-    let cluster = cluster().await;
+    let mut cluster = cluster().await;
     let group = "etl";
     let id = "etl-1";
 
@@ -144,8 +144,9 @@ async fn consume_transform_produce_killed_and_replaced_mid_stream() {
         max_records_per_txn: 500,
         ..ProcessOptions::default()
     };
+    let client_config = config(&cluster);
     let spawn = |stop: tokio::sync::oneshot::Receiver<()>| {
-        let config = config(&cluster);
+        let config = client_config.clone();
         let options = options.clone();
         tokio::spawn(async move {
             process::run(
@@ -160,7 +161,7 @@ async fn consume_transform_produce_killed_and_replaced_mid_stream() {
         })
     };
     let offsets = Arc::new(Mutex::new(
-        Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap(),
+        Consumer::new(client_config.clone(), Isolation::ReadCommitted).unwrap(),
     ));
     let committed_at_least = |n: u64| {
         let offsets = offsets.clone();
@@ -186,6 +187,14 @@ async fn consume_transform_produce_killed_and_replaced_mid_stream() {
     // Processor 2 replaces it and runs until ~60%.
     let (stop2, rx2) = tokio::sync::oneshot::channel();
     let p2 = spawn(rx2);
+    // A partition leader of both topics restarts under processor 2.
+    wait_until(
+        Duration::from_secs(60),
+        "processor 2 commits 4,000 records",
+        committed_at_least(4_000),
+    )
+    .await;
+    cluster.bounce(cluster.leader_ids()[0]).await.unwrap();
     wait_until(
         Duration::from_secs(60),
         "processor 2 commits up to 6,000 records",

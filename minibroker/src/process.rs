@@ -93,6 +93,8 @@ pub async fn run(
     // (committed or aborted), so the group's committed offsets below are final.
     producer.init_transactions().await?;
     let mut consumer = Consumer::new(config, Isolation::ReadCommitted)?;
+    // Fetch about one transaction's worth per partition, not a megabyte that is mostly rewound.
+    consumer.set_max_bytes(64 * 1024);
     consumer.assign_topics(&[&options.input]).await?;
     consumer.seek_to_committed(&options.group).await?;
     tracing::info!(txn_id = %options.transactional_id, pid = producer.producer_id(),
