@@ -1209,4 +1209,90 @@ mod tests {
         let r = produce(&h2, batch(2, 0, 1, &["zombie"], true)).await;
         assert_eq!(code(r.error_code), ErrorCode::InvalidProducerEpoch);
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_producers_markers_and_readers_keep_the_invariants() {
+        let h = Arc::new(harness());
+        let mut tasks = Vec::new();
+        // Idempotent producers that resend every batch once (a lost reply).
+        for pid in 1..=4i64 {
+            let h = h.clone();
+            tasks.push(tokio::spawn(async move {
+                for seq in 0..40 {
+                    let value = format!("p{pid}-{seq}");
+                    let first = produce(&h, batch(pid, 0, seq, &[&value], false)).await;
+                    assert_eq!(
+                        code(first.error_code),
+                        ErrorCode::None,
+                        "{}",
+                        first.error_message
+                    );
+                    let again = produce(&h, batch(pid, 0, seq, &[&value], false)).await;
+                    assert_eq!(
+                        (again.base_offset, again.duplicate),
+                        (first.base_offset, true)
+                    );
+                }
+            }));
+        }
+        // A transactional producer: odd transactions abort, even ones commit.
+        {
+            let h = h.clone();
+            tasks.push(tokio::spawn(async move {
+                for txn in 0..10i32 {
+                    let commit = txn % 2 == 0;
+                    let tag = if commit { "commit" } else { "abort" };
+                    for seq in 0..3 {
+                        let value = format!("{tag}-{txn}-{seq}");
+                        let r = produce(&h, batch(9, txn, seq, &[&value], true)).await;
+                        assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+                    }
+                    assert_eq!(
+                        markers(&h, 9, txn + 1, commit, &[("t", 0)]).await,
+                        vec![ErrorCode::None]
+                    );
+                }
+            }));
+        }
+        // A read_committed reader that must never see an aborted or open record.
+        let reader = {
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut offset = 0;
+                let mut seen = Vec::new();
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while seen.len() < 4 * 40 + 5 * 3 {
+                    assert!(Instant::now() < deadline, "reader stalled at {offset}");
+                    let r = fetch(&h, offset, true, 64, 50).await;
+                    assert_eq!(r.error_code, 0, "{}", r.error_message);
+                    assert!(r.next_offset <= r.last_stable_offset);
+                    for v in values(&r) {
+                        assert!(!v.starts_with("abort"), "{v} visible to read_committed");
+                        seen.push(v);
+                    }
+                    offset = r.next_offset;
+                }
+                seen
+            })
+        };
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let seen = reader.await.unwrap();
+        // Exactly once, in each producer's order.
+        for pid in 1..=4 {
+            let mine: Vec<&String> = seen
+                .iter()
+                .filter(|v| v.starts_with(&format!("p{pid}-")))
+                .collect();
+            let expected: Vec<String> = (0..40).map(|s| format!("p{pid}-{s}")).collect();
+            assert_eq!(mine, expected.iter().collect::<Vec<_>>());
+        }
+        let committed: Vec<&String> = seen.iter().filter(|v| v.starts_with("commit")).collect();
+        assert_eq!(committed.len(), 15);
+        // Offsets are dense and the log holds every record once plus the 10 markers.
+        let all = fetch(&h, 0, false, i32::MAX, 0).await;
+        assert_eq!(all.high_watermark, 4 * 40 + 10 * 3 + 10);
+        assert_eq!(all.records.len() as i64, all.high_watermark - 10);
+    }
 }
