@@ -65,3 +65,108 @@ fn errors_are_one_sentence_without_a_backtrace() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("/nonexistent/topology.toml"), "{err}");
 }
+
+/// produce, consume, transactions, producers and process against an embedded cluster, through
+/// the binary with `--topology` and `--json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_work_against_a_running_cluster() {
+    let cluster = minibroker::EmbeddedCluster::start().await.unwrap();
+    let topology = cluster.topology_path().to_str().unwrap().to_string();
+    let run = |args: &[&str]| {
+        let topology = topology.clone();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let out = minibroker()
+                    .arg("--json")
+                    .arg("--topology")
+                    .arg(&topology)
+                    .args(&args)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                String::from_utf8(out.stdout).unwrap()
+            })
+            .await
+            .unwrap()
+        }
+    };
+
+    let out = run(&[
+        "produce",
+        "--transactional-id",
+        "cli-app",
+        "--records",
+        "30",
+        "--per-txn",
+        "5",
+        "--abort-every",
+        "3",
+    ])
+    .await;
+    let summary = last_json_line(out.as_bytes());
+    assert_eq!(summary["records_committed"], 20);
+    assert_eq!(summary["records_aborted"], 10);
+    run(&["produce", "--records", "4", "--value-prefix", "idem"]).await;
+
+    // Markers land a moment after EndTxn answers: wait until no transaction is open.
+    let admin = producer_client::Admin::new(cluster.client_config()).unwrap();
+    let settle = || async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        for topic in ["input", "output"] {
+            while !admin
+                .end_offsets(topic)
+                .await
+                .unwrap()
+                .values()
+                .all(|(hw, lso)| hw == lso)
+            {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{topic} never settled"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    };
+    settle().await;
+    let committed = run(&["consume", "--from-beginning"]).await;
+    assert_eq!(committed.lines().count(), 24, "{committed}");
+    let all = run(&[
+        "consume",
+        "--from-beginning",
+        "--isolation",
+        "read-uncommitted",
+    ])
+    .await;
+    assert_eq!(all.lines().count(), 34, "{all}");
+
+    let list = run(&["transactions", "list"]).await;
+    let list: serde_json::Value = serde_json::from_str(list.trim()).unwrap();
+    assert_eq!(list[0]["transactional_id"], "cli-app");
+    let d = last_json_line(
+        run(&["transactions", "describe", "cli-app"])
+            .await
+            .as_bytes(),
+    );
+    assert_eq!(d["producer_epoch"], 6, "{d}");
+
+    let producers = run(&["producers", "input", "0"]).await;
+    let producers: serde_json::Value = serde_json::from_str(producers.trim()).unwrap();
+    assert_eq!(producers.as_array().unwrap().len(), 2, "{producers}");
+
+    let stats = last_json_line(run(&["process", "--until-idle-ms", "300"]).await.as_bytes());
+    assert_eq!(stats["records"], 24, "{stats}");
+    settle().await;
+    let output = run(&["consume", "--topic", "output", "--from-beginning"]).await;
+    assert_eq!(output.lines().count(), 24, "{output}");
+    assert!(output.contains("processed(idem-0)"));
+    // A second run resumes from the group's committed offsets: nothing left to do.
+    let stats = last_json_line(run(&["process", "--until-idle-ms", "300"]).await.as_bytes());
+    assert_eq!(stats["records"], 0, "{stats}");
+    cluster.shutdown().await.unwrap();
+}
