@@ -25,14 +25,18 @@
 //! COMMIT the writer stops and leaves PrepareCommit, so a commit that was not written is never
 //! completed (the next start tries again). Every other error is retried.
 //!
-//! Start: open sled, bump and persist the generation, serve at once (answering
-//! COORDINATOR_LOAD_IN_PROGRESS), load the owned ids, re-send the markers of every Prepare*,
-//! then start the timeout scan (every `timeout_scan_interval`).
+//! Start: open sled (waiting for a previous instance's lock file), serve at once (answering
+//! COORDINATOR_LOAD_IN_PROGRESS), bump and persist the generation, load the owned ids, re-send
+//! the markers of every Prepare*, then start the timeout scan (every `timeout_scan_interval`).
+//! Stop: stop accepting, let tonic drain the connections, stop and join every background task,
+//! flush, drop sled and wait until its lock file is released, so the directory can be reopened
+//! as soon as [`serve`] returns.
 //!
 //! CAVEATS: the group coordinator does not fence old-generation group markers (a resent commit
 //! marker of an older transaction could move an offset back); DescribeTransactions answers
 //! INVALID_PRODUCER_ID_MAPPING for an unknown id (Kafka's TRANSACTIONAL_ID_NOT_FOUND is not in
-//! the proto); ids are never expired from memory.
+//! the proto); ids are never expired from memory; a marker writer stopped by a permanent error
+//! leaves its id in Prepare* (CONCURRENT_TRANSACTIONS) until the next start retries it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
