@@ -5,23 +5,28 @@
 #   scripts/compose-demo.sh --keep     leave the cluster (and its volumes) running afterwards
 #   scripts/compose-demo.sh --down     only remove what a previous run left (containers, volumes)
 #
-# Options: --no-build (reuse the image), --project NAME (compose project, default minibroker-demo),
-# --ci (no colours; the same checks), --break-fencing (a self-test of the checker: the partition
-# leaders run with UNSAFE_SKIP_EPOCH_CHECK, the crash steps are skipped, and the script exits 0
-# only if the final check catches A's zombie write). Environment: MINIBROKER_IMAGE (default minibroker:local),
-# COMPOSE (e.g. "docker-compose"; default: `docker compose` if present, else `docker-compose`).
+# Options: --no-build (reuse the image), --project NAME (compose project, default
+# minibroker-demo), --ci (no colours; the same checks), --break-fencing (a self-test of the
+# checker: the partition leaders run with UNSAFE_SKIP_EPOCH_CHECK, the crash steps are skipped,
+# and the script exits 0 only if the final check catches A's zombie write).
+# Environment: MINIBROKER_IMAGE (default minibroker:local), COMPOSE (e.g. "docker-compose";
+# default: `docker compose` if the plugin is there, else `docker-compose`).
 #
 # The story (every step is checked; any violation makes the script exit non-zero):
-#   1. producer instance A runs a transactional workload with transactional id X in its own
-#      container and commits a few transactions;
-#   2. `docker pause` A in the middle of a transaction (a GC pause); instance B starts with the same
-#      id in a new container; B's InitProducerId bumps the epoch and aborts A's open transaction;
-#   3. `docker unpause` A: it is fenced, says so and exits non-zero;
-#   4. the coordinator that owns X crashes (SIGKILL) during B's commits; the restart policy brings
-#      it back, it reloads __transaction_state and finishes what was decided; B carries on;
-#   5. a partition leader crashes mid-transaction; it restarts with its log and producer state;
+#   1. producer instance A runs a transactional `minibroker produce` with transactional id X in
+#      its own container and commits transactions;
+#   2. `docker pause` A in the middle of a transaction (a GC pause); instance B starts with the
+#      same id in a new container; B's InitProducerId bumps the epoch and aborts A's open
+#      transaction;
+#   3. `docker unpause` A: a partition leader refuses its stale epoch; A exits non-zero;
+#   4. the coordinator that owns X is crashed (SIGKILL of its process) while one of B's commits is
+#      in PrepareCommit; Docker's restart policy brings it back, it reloads __transaction_state
+#      and completes the commit; B carries on;
+#   5. a partition leader is crashed mid-transaction; it restarts with its log and producer state;
 #   6. a read_committed consumer reads everything back: every committed record exactly once,
 #      nothing of A's aborted transaction. The verdict is printed; non-zero exit on violation.
+# Needs bash, docker, docker compose or docker-compose, python3, readelf; root for step 4's
+# firewall rule (see docker/README.md).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -42,7 +47,7 @@ while [[ $# -gt 0 ]]; do
     --break-fencing) break_fencing=1 ;;
     --project) project="$2"; shift ;;
     --project=*) project="${1#--project=}" ;;
-    -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "compose-demo: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -90,6 +95,7 @@ elif command -v docker-compose >/dev/null 2>&1; then
   compose_cmd=(docker-compose)
 else
   echo "compose-demo: neither 'docker compose' nor 'docker-compose' is installed" >&2
+  rm -rf "$workdir"
   exit 2
 fi
 compose_files=(-f "$repo/docker-compose.yml")
