@@ -123,6 +123,9 @@ struct Partition {
     state: Mutex<PartitionState>,
     /// Woken after every applied write (long-polling fetches wait on it).
     appended: Notify,
+    /// Set when a failed write could not be reconciled with storage: the partition answers
+    /// KAFKA_STORAGE_ERROR until the leader restarts (Kafka takes the log dir offline).
+    offline: std::sync::atomic::AtomicBool,
 }
 
 impl Partition {
@@ -133,6 +136,7 @@ impl Partition {
 
 struct Inner {
     node_id: NodeId,
+    unsafe_skip_epoch_check: bool,
     topology: Arc<Topology>,
     limits: core::Limits,
     partitions: HashMap<TopicPartition, Arc<Partition>>,
@@ -182,6 +186,7 @@ impl LeaderService {
                     write_lock: Arc::new(tokio::sync::Mutex::new(())),
                     state: Mutex::new(state),
                     appended: Notify::new(),
+                    offline: std::sync::atomic::AtomicBool::new(false),
                 }),
             );
         }
@@ -191,6 +196,7 @@ impl LeaderService {
         Ok(Self {
             inner: Arc::new(Inner {
                 node_id: config.node_id,
+                unsafe_skip_epoch_check: config.unsafe_skip_epoch_check,
                 topology: config.topology.clone(),
                 limits: config.limits(),
                 partitions,
@@ -223,15 +229,27 @@ impl LeaderService {
                 leader.id, leader.address, self.inner.node_id
             )));
         }
-        self.inner
+        let part = self
+            .inner
             .partitions
             .get(&tp)
             .cloned()
-            .ok_or_else(|| Error::Internal(format!("{tp} was not loaded")))
+            .ok_or_else(|| Error::Internal(format!("{tp} was not loaded")))?;
+        if part.offline.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Storage(format!(
+                "{tp} is offline after a storage failure; restart the leader"
+            )));
+        }
+        Ok(part)
     }
 
     /// Makes `plan` durable (with `entries`), then applies it and wakes long polls. Runs in its
     /// own task owning the write lock, so it completes even if the request is dropped.
+    ///
+    /// If the write fails, the engine may still hold part of it (sled applies the transaction
+    /// before the flush fails, and a later flush would persist it), so the partition's state is
+    /// reloaded from the engine: memory then matches what will be on disk, and the unacknowledged
+    /// write may or may not survive, as in Kafka. If even that fails the partition goes offline.
     async fn persist(
         &self,
         guard: OwnedMutexGuard<()>,
@@ -240,12 +258,37 @@ impl LeaderService {
         entries: Vec<LogEntry>,
     ) -> Result<()> {
         let storage = self.inner.storage.clone();
+        let skip = self.inner.unsafe_skip_epoch_check;
         tokio::spawn(async move {
             let _guard = guard;
             if !plan.is_noop() {
                 let write = Write::new(&plan, entries);
                 let tp = part.tp.clone();
-                blocking(move || storage.write(&tp, &write)).await?;
+                let store = storage.clone();
+                if let Err(e) = blocking(move || store.write(&tp, &write)).await {
+                    warn!(partition = %part.tp, "write failed, reloading the partition: {e}");
+                    let tp = part.tp.clone();
+                    let reloaded = blocking(move || {
+                        let loaded = storage.load(&tp)?;
+                        PartitionState::restore(
+                            skip,
+                            loaded.high_watermark,
+                            loaded.producers,
+                            loaded.aborted,
+                        )
+                    })
+                    .await;
+                    match reloaded {
+                        Ok(state) => *part.state() = state,
+                        Err(reload) => {
+                            tracing::error!(partition = %part.tp, "partition offline: {reload}");
+                            part.offline
+                                .store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                    part.appended.notify_waiters();
+                    return Err(e);
+                }
             }
             part.state().apply(&plan);
             part.appended.notify_waiters();
@@ -1111,6 +1154,53 @@ mod tests {
             (code(r.error_code), r.base_offset, r.duplicate),
             (ErrorCode::None, 1, false)
         );
+    }
+
+    #[tokio::test]
+    async fn a_write_that_failed_after_applying_is_reloaded_not_forgotten() {
+        let h = harness();
+        produce(&h, batch(1, 0, 0, &["a"], false)).await;
+        h.storage.set_fail_after_write(true);
+        let r = produce(&h, batch(1, 0, 1, &["b"], false)).await;
+        assert_eq!(code(r.error_code), ErrorCode::KafkaStorageError);
+        h.storage.set_fail_after_write(false);
+        // Memory now matches the engine, which kept the write: the retry is a duplicate.
+        let r = produce(&h, batch(1, 0, 1, &["b"], false)).await;
+        assert_eq!(
+            (code(r.error_code), r.base_offset, r.duplicate),
+            (ErrorCode::None, 1, true)
+        );
+        assert_eq!(values(&fetch(&h, 0, false, 1000, 0).await), vec!["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_partition_that_cannot_reload_goes_offline_until_restart() {
+        let h = harness();
+        produce(&h, batch(1, 0, 0, &["a"], false)).await;
+        h.storage.set_fail_writes(true);
+        h.storage.set_fail_loads(true);
+        let r = produce(&h, batch(1, 0, 1, &["b"], false)).await;
+        assert_eq!(code(r.error_code), ErrorCode::KafkaStorageError);
+        h.storage.set_fail_writes(false);
+        h.storage.set_fail_loads(false);
+        assert_eq!(
+            code(fetch(&h, 0, false, 1000, 0).await.error_code),
+            ErrorCode::KafkaStorageError
+        );
+        let r = produce(&h, batch(1, 0, 1, &["b"], false)).await;
+        assert_eq!(code(r.error_code), ErrorCode::KafkaStorageError);
+        // Other partitions are unaffected; a restart brings it back.
+        assert_eq!(
+            code(
+                produce_to(&h, 1, batch(2, 0, 0, &["x"], false))
+                    .await
+                    .error_code
+            ),
+            ErrorCode::None
+        );
+        let h2 = harness_over(h.storage.clone());
+        let r = produce(&h2, batch(1, 0, 1, &["b"], false)).await;
+        assert_eq!((code(r.error_code), r.base_offset), (ErrorCode::None, 1));
     }
 
     #[tokio::test]

@@ -21,8 +21,10 @@
 //! everything pending in the database, so concurrent writes to different partitions share
 //! flushes. Writes to one partition are serialised by the shell anyway.
 //!
-//! CAVEATS: no retention, compaction or segment files; a failed flush leaves the write in sled's
-//! memory (not acknowledged; the next write to the partition overwrites those offsets).
+//! CAVEATS: no retention, compaction or segment files. A failed flush can leave the write in
+//! sled's memory, to be persisted by a later flush: the write was not acknowledged, and the
+//! service reloads the partition from the engine after any failed write so that memory and disk
+//! agree (an unacknowledged write may or may not survive, as in Kafka).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -366,6 +368,8 @@ struct MemPartition {
 pub struct MemoryStorage {
     parts: Mutex<HashMap<TopicPartition, MemPartition>>,
     fail_writes: AtomicBool,
+    fail_after_write: AtomicBool,
+    fail_loads: AtomicBool,
 }
 
 impl MemoryStorage {
@@ -378,10 +382,24 @@ impl MemoryStorage {
     pub fn set_fail_writes(&self, fail: bool) {
         self.fail_writes.store(fail, Ordering::SeqCst);
     }
+
+    /// Makes every following write apply and THEN fail, like sled when the flush fails after
+    /// the transaction was applied in memory.
+    pub fn set_fail_after_write(&self, fail: bool) {
+        self.fail_after_write.store(fail, Ordering::SeqCst);
+    }
+
+    /// Makes every following load fail.
+    pub fn set_fail_loads(&self, fail: bool) {
+        self.fail_loads.store(fail, Ordering::SeqCst);
+    }
 }
 
 impl Storage for MemoryStorage {
     fn load(&self, tp: &TopicPartition) -> Result<LoadedPartition> {
+        if self.fail_loads.load(Ordering::SeqCst) {
+            return Err(Error::Storage("injected load failure".into()));
+        }
         let parts = self.parts.lock().expect("memory storage poisoned");
         Ok(parts
             .get(tp)
@@ -409,6 +427,9 @@ impl Storage for MemoryStorage {
             p.aborted.insert(a.last_offset, a);
         }
         p.high_watermark = w.high_watermark;
+        if self.fail_after_write.load(Ordering::SeqCst) {
+            return Err(Error::Storage("injected flush failure".into()));
+        }
         Ok(())
     }
 
