@@ -132,6 +132,17 @@ impl Partition {
     fn state(&self) -> std::sync::MutexGuard<'_, PartitionState> {
         self.state.lock().expect("partition state poisoned")
     }
+
+    /// KAFKA_STORAGE_ERROR once the partition went offline.
+    fn check_online(&self) -> Result<()> {
+        if self.offline.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Storage(format!(
+                "{} is offline after a storage failure; restart the leader",
+                self.tp
+            )));
+        }
+        Ok(())
+    }
 }
 
 struct Inner {
@@ -235,11 +246,7 @@ impl LeaderService {
             .get(&tp)
             .cloned()
             .ok_or_else(|| Error::Internal(format!("{tp} was not loaded")))?;
-        if part.offline.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::Storage(format!(
-                "{tp} is offline after a storage failure; restart the leader"
-            )));
-        }
+        part.check_online()?;
         Ok(part)
     }
 
@@ -324,6 +331,7 @@ impl LeaderService {
         let mut verified = false;
         loop {
             let guard = part.write_lock.clone().lock_owned().await;
+            part.check_online()?;
             let now = now_ms();
             let decision = part.state().check_produce(&header, verified, now);
             let decision = match decision {
@@ -478,6 +486,7 @@ impl LeaderService {
     async fn write_marker(&self, tp: &proto::TopicPartition, marker: Marker) -> Result<()> {
         let part = self.partition(&tp.topic, tp.partition)?;
         let guard = part.write_lock.clone().lock_owned().await;
+        part.check_online()?;
         let plan = part.state().plan_marker(&marker, now_ms())?;
         let entries: Vec<LogEntry> = plan
             .control
