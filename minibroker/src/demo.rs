@@ -10,7 +10,8 @@
 //! 6. A wakes up. Every request it makes is rejected, and the demo prints each answer: Produce at
 //!    a leader it wrote to, Produce at a leader it never wrote to, AddPartitionsToTxn and EndTxn
 //!    at the coordinator; A's own library then reports it is fenced, for good.
-//! 7. B commits.
+//! 7. B commits; the demo waits until the COMMIT markers are written (CompleteCommit, and the
+//!    last stable offset caught up with the high watermark on every partition).
 //! 8. A read_committed consumer reads `input` from the beginning and the checker verifies that
 //!    every committed record is there exactly once, in order, and nothing of A's aborted
 //!    transaction or of its zombie writes is visible. Verdict; non-zero exit on any failure.
