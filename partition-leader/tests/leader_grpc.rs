@@ -412,3 +412,83 @@ async fn unsafe_skip_epoch_check_lets_a_zombie_through() {
     assert_eq!(values(&fetch(&mut l0, 0, 0, true).await), vec!["zombie"]);
     leader.stop().await;
 }
+
+#[tokio::test]
+async fn unreachable_coordinator_is_retriable_and_appends_nothing() {
+    // The coordinator's address is a port nobody listens on.
+    let dead = bind(1).await.remove(0).local_addr().unwrap();
+    let mut listeners = bind(2).await;
+    let addrs = [
+        listeners[0].local_addr().unwrap(),
+        listeners[1].local_addr().unwrap(),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut leader = Leader::start(
+        101,
+        listeners.remove(0),
+        dir.path().into(),
+        topology(&[dead], &addrs),
+    );
+    let mut l0 = leader.client();
+    let r = produce(&mut l0, 0, batch(1, 0, 0, &["t1"], Some("txn"))).await;
+    assert_eq!(code(r.error_code), ErrorCode::CoordinatorNotAvailable);
+    // Idempotent producers do not need the coordinator.
+    let r = produce(&mut l0, 0, batch(2, 0, 0, &["i1"], None)).await;
+    assert_eq!(code(r.error_code), ErrorCode::None);
+    let (uncommitted, _, producers) = snapshot(&mut l0, 0).await;
+    assert_eq!(values(&uncommitted), vec!["i1"]);
+    assert_eq!(producers.producers.len(), 1);
+    leader.stop().await;
+}
+
+#[tokio::test]
+async fn serves_cluster_metadata_and_stops_promptly_during_a_long_poll() {
+    let c = cluster().await;
+    let mut leader = c.leaders.into_iter().next().unwrap();
+    let mut cluster_client =
+        proto::cluster_client::ClusterClient::connect(format!("http://{}", leader.addr))
+            .await
+            .unwrap();
+    let metadata = cluster_client
+        .metadata(proto::MetadataRequest { topics: vec![] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(metadata.topics[0].partitions.len(), 3);
+    assert_eq!(metadata.topics[0].partitions[1].leader_id, 102);
+
+    let mut poller = leader.client();
+    let poll = tokio::spawn(async move {
+        poller
+            .fetch(proto::FetchRequest {
+                topic: TOPIC.into(),
+                partition: 0,
+                offset: 0,
+                max_bytes: 1000,
+                isolation_level: 0,
+                max_wait_ms: 30_000,
+            })
+            .await
+    });
+    // The leader answers while the poll waits (it does not hold the partition), then stops.
+    let mut probe = leader.client();
+    let d = describe(&mut probe, 0).await;
+    assert_eq!(code(d.error_code), ErrorCode::None);
+    assert!(!poll.is_finished());
+    drop(probe);
+    let started = std::time::Instant::now();
+    leader.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let polled = tokio::time::timeout(Duration::from_secs(5), poll)
+        .await
+        .expect("the long poll was not released")
+        .unwrap();
+    // Released with an empty answer (or the connection closed under it).
+    if let Ok(r) = polled {
+        assert!(r.into_inner().records.is_empty());
+    }
+}
