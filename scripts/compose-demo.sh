@@ -425,6 +425,11 @@ check "B exited 0 (status $b_rc)" test "$b_rc" = 0
 
 # ================================================================================================
 step "7. A read_committed consumer reads '$topic' from the beginning"
+# EndTxn is answered once the commit is decided; its markers may still be on their way. Read only
+# when the coordinator reports the last transaction complete, so that the LSO has caught up.
+view="$(wait_txn 60 'state in ("CompleteCommit", "CompleteAbort", "Empty")')" \
+  || die "the last transaction did not complete (coordinator: $view)"
+say "      coordinator: PID $(cut -d' ' -f1 <<<"$view") epoch $(cut -d' ' -f2 <<<"$view") state $(cut -d' ' -f3 <<<"$view"): every marker is written"
 mb --json consume --topic "$topic" --isolation read-committed --from-beginning >"$workdir/consumed.jsonl"
 say "      $(wc -l <"$workdir/consumed.jsonl") records visible to read_committed"
 verify_ok=1
