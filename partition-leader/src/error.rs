@@ -91,9 +91,36 @@ impl Error {
         }
     }
 
-    /// The error as the `(error_code, error_message)` pair every response carries.
+    /// The error as the `(error_code, error_message)` pair every response carries. The message
+    /// is the detail only: the code already names the error, and clients prefix their own name
+    /// for it (so a user never reads "invalid producer epoch: invalid producer epoch: ...").
     pub fn to_wire(&self) -> (i32, String) {
-        (self.code() as i32, self.to_string())
+        (self.code() as i32, self.detail())
+    }
+
+    /// The human detail of the error, without the error's name.
+    pub fn detail(&self) -> String {
+        match self {
+            Error::InvalidRequest(d)
+            | Error::MessageTooLarge(d)
+            | Error::UnknownTopicOrPartition(d)
+            | Error::NotLeaderOrFollower(d)
+            | Error::InvalidProducerEpoch(d)
+            | Error::OutOfOrderSequenceNumber(d)
+            | Error::UnknownProducerId(d)
+            | Error::InvalidTxnState(d)
+            | Error::TransactionCoordinatorFenced(d)
+            | Error::InvalidProducerIdMapping(d)
+            | Error::TransactionTimedOut(d)
+            | Error::ConcurrentTransactions(d)
+            | Error::NotCoordinator(d)
+            | Error::CoordinatorLoadInProgress(d)
+            | Error::CoordinatorNotAvailable(d)
+            | Error::OffsetOutOfRange(d)
+            | Error::Storage(d)
+            | Error::Internal(d) => d.clone(),
+            Error::Transport(e) => e.to_string(),
+        }
     }
 }
 
@@ -105,3 +132,24 @@ impl From<sled::Error> for Error {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_message_is_the_detail_without_the_name() {
+        let e = Error::InvalidProducerEpoch("producer 7 epoch 2 is older than 3".into());
+        assert_eq!(
+            e.to_wire(),
+            (
+                ErrorCode::InvalidProducerEpoch as i32,
+                "producer 7 epoch 2 is older than 3".to_string()
+            )
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid producer epoch: producer 7 epoch 2 is older than 3"
+        );
+    }
+}
