@@ -234,6 +234,29 @@ impl TransactionalProducer {
         Ok(())
     }
 
+    /// [`coordinator_rpc`] to this id's transaction coordinator (cached in `self.coordinator`).
+    async fn coordinator_request<Req, Resp, F, Fut>(
+        &mut self,
+        request: Req,
+        call: F,
+    ) -> Result<Resp>
+    where
+        Req: Clone,
+        Resp: WireError,
+        F: Fn(TransactionCoordinatorClient<Channel>, Req) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        coordinator_rpc(
+            &self.conn,
+            &mut self.coordinator,
+            &self.transactional_id,
+            CoordinatorKeyType::Transaction,
+            request,
+            call,
+        )
+        .await
+    }
+
     async fn init_producer_id(&mut self, expected: Option<(i64, i16)>) -> Result<()> {
         let (expected_producer_id, expected_producer_epoch) =
             expected.map_or((-1, -1), |(p, e)| (p, i32::from(e)));
@@ -243,15 +266,12 @@ impl TransactionalProducer {
             expected_producer_id,
             expected_producer_epoch,
         };
-        let response = coordinator_rpc(
-            &self.conn,
-            &mut self.coordinator,
-            &self.transactional_id,
-            CoordinatorKeyType::Transaction,
-            request,
-            |mut c, r| async move { c.init_producer_id(r).await },
-        )
-        .await;
+        let response = self
+            .coordinator_request(
+                request,
+                |mut c, r| async move { c.init_producer_id(r).await },
+            )
+            .await;
         match response {
             Ok(r) => self.adopt(r.producer_id, r.producer_epoch),
             Err(e) => Err(self.fail(e)),
@@ -311,14 +331,9 @@ impl TransactionalProducer {
             producer_epoch: i32::from(self.epoch),
             partitions: vec![tp.clone().into()],
         };
-        coordinator_rpc(
-            &self.conn,
-            &mut self.coordinator,
-            &self.transactional_id,
-            CoordinatorKeyType::Transaction,
-            request,
-            |mut c, r| async move { c.add_partitions_to_txn(r).await },
-        )
+        self.coordinator_request(request, |mut c, r| async move {
+            c.add_partitions_to_txn(r).await
+        })
         .await
         .map_err(|e| self.fail(e))?;
         tracing::debug!(txn_id = %self.transactional_id, %tp, "partition added to transaction");
@@ -388,11 +403,7 @@ impl TransactionalProducer {
                 producer_epoch: i32::from(self.epoch),
                 group_id: group.to_string(),
             };
-            coordinator_rpc(
-                &self.conn,
-                &mut self.coordinator,
-                &self.transactional_id,
-                CoordinatorKeyType::Transaction,
+            self.coordinator_request(
                 request,
                 |mut c, r| async move { c.add_offsets_to_txn(r).await },
             )
@@ -414,11 +425,7 @@ impl TransactionalProducer {
                 })
                 .collect(),
         };
-        coordinator_rpc(
-            &self.conn,
-            &mut self.coordinator,
-            &self.transactional_id,
-            CoordinatorKeyType::Transaction,
+        self.coordinator_request(
             request,
             |mut c, r| async move { c.txn_offset_commit(r).await },
         )
@@ -435,15 +442,9 @@ impl TransactionalProducer {
             result: result as i32,
         };
         self.pending_end = Some(result);
-        let response = coordinator_rpc(
-            &self.conn,
-            &mut self.coordinator,
-            &self.transactional_id,
-            CoordinatorKeyType::Transaction,
-            request,
-            |mut c, r| async move { c.end_txn(r).await },
-        )
-        .await;
+        let response = self
+            .coordinator_request(request, |mut c, r| async move { c.end_txn(r).await })
+            .await;
         match response {
             Ok(r) => {
                 self.pending_end = None;
