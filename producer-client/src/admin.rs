@@ -13,8 +13,7 @@ use cluster::TopicPartition;
 use proto::{
     AddPartitionsToTxnRequest, CoordinatorKeyType, DescribeProducersRequest,
     DescribeTransactionsRequest, EndTxnRequest, InitProducerIdRequest, ListTransactionsRequest,
-    ProducerStateDescription, RecordBatch, TransactionDescription, TransactionListing, TxnResult,
-    TxnState,
+    ProducerStateDescription, TransactionDescription, TransactionListing, TxnResult, TxnState,
 };
 
 use crate::config::ClientConfig;
@@ -281,14 +280,12 @@ impl RawRequests {
         base_sequence: i32,
         values: Vec<Vec<u8>>,
     ) -> Result<RecordMetadata> {
-        let batch = RecordBatch {
-            producer_id,
-            producer_epoch: i32::from(epoch),
+        let batch = produce::batch(
+            (producer_id, epoch),
             base_sequence,
-            is_transactional: transactional_id.is_some(),
-            transactional_id: transactional_id.unwrap_or_default().to_string(),
-            records: produce::records(&[], values),
-        };
+            transactional_id,
+            produce::records(&[], values),
+        );
         produce::produce(&self.conn, tp, batch).await
     }
 }

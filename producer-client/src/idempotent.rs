@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use cluster::TopicPartition;
-use proto::{InitProducerIdRequest, RecordBatch};
+use proto::InitProducerIdRequest;
 
 use crate::config::ClientConfig;
 use crate::error::{Error, Result};
@@ -127,29 +127,19 @@ impl IdempotentProducer {
         }
         let target = target.into();
         let tp = produce::resolve(&self.conn, topic, &target).await?;
-        let sequence = *self.sequences.get(&tp).unwrap_or(&0);
-        let count = values.len() as i32;
-        let batch = RecordBatch {
-            producer_id: self.producer_id,
-            producer_epoch: i32::from(self.epoch),
-            base_sequence: sequence,
-            is_transactional: false,
-            transactional_id: String::new(),
-            records: produce::records(target.key(), values),
-        };
-        match produce::produce(&self.conn, &tp, batch).await {
-            Ok(metadata) => {
-                self.sequences
-                    .insert(tp, sequence.wrapping_add(count) & i32::MAX);
-                Ok(metadata)
-            }
-            Err(e) => {
-                if e.needs_epoch_bump() {
-                    // Start over with a fresh PID at the next send.
-                    self.producer_id = -1;
-                }
-                Err(e)
-            }
+        let result = produce::produce_next(
+            &self.conn,
+            &mut self.sequences,
+            tp,
+            (self.producer_id, self.epoch),
+            None,
+            produce::records(target.key(), values),
+        )
+        .await;
+        if result.as_ref().is_err_and(Error::needs_epoch_bump) {
+            // Start over with a fresh PID at the next send.
+            self.producer_id = -1;
         }
+        result
     }
 }

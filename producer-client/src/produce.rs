@@ -4,6 +4,7 @@
 //! attempt was appended and only its answer was lost, the leader recognises the duplicate among
 //! the PID's last five batches and answers with the original offset (idempotence).
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cluster::TopicPartition;
@@ -41,6 +42,48 @@ pub(crate) fn records(key: &[u8], values: Vec<Vec<u8>>) -> Vec<Record> {
             timestamp_ms,
         })
         .collect()
+}
+
+/// A batch of `records` from (PID, epoch) starting at `base_sequence`; transactional when it
+/// names a `transactional_id`.
+pub(crate) fn batch(
+    (producer_id, epoch): (i64, i16),
+    base_sequence: i32,
+    transactional_id: Option<&str>,
+    records: Vec<Record>,
+) -> RecordBatch {
+    RecordBatch {
+        producer_id,
+        producer_epoch: i32::from(epoch),
+        base_sequence,
+        is_transactional: transactional_id.is_some(),
+        transactional_id: transactional_id.unwrap_or_default().to_string(),
+        records,
+    }
+}
+
+/// Produces `records` to `tp` as one batch of `producer` (PID, epoch) at the partition's next
+/// sequence in `sequences` (0 for a partition not written yet at this epoch), and moves that
+/// sequence past them once the leader has acknowledged the batch. Sequences wrap at i32::MAX like
+/// Kafka's.
+pub(crate) async fn produce_next(
+    conn: &Connections,
+    sequences: &mut HashMap<TopicPartition, i32>,
+    tp: TopicPartition,
+    producer: (i64, i16),
+    transactional_id: Option<&str>,
+    records: Vec<Record>,
+) -> Result<RecordMetadata> {
+    let sequence = sequences.get(&tp).copied().unwrap_or(0);
+    let count = records.len() as i32;
+    let metadata = produce(
+        conn,
+        &tp,
+        batch(producer, sequence, transactional_id, records),
+    )
+    .await?;
+    sequences.insert(tp, sequence.wrapping_add(count) & i32::MAX);
+    Ok(metadata)
 }
 
 /// Resolves a [`Target`] to a partition of `topic`, checking that it exists.

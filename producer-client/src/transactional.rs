@@ -24,7 +24,7 @@ use cluster::TopicPartition;
 use proto::transaction_coordinator_client::TransactionCoordinatorClient;
 use proto::{
     AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, CoordinatorKeyType, EndTxnRequest,
-    InitProducerIdRequest, PartitionOffset, RecordBatch, TxnOffsetCommitRequest, TxnResult,
+    InitProducerIdRequest, PartitionOffset, TxnOffsetCommitRequest, TxnResult,
 };
 use tonic::transport::Channel;
 
@@ -368,23 +368,16 @@ impl TransactionalProducer {
         let target = target.into();
         let tp = produce::resolve(&self.conn, topic, &target).await?;
         self.add_partition(&tp).await?;
-        let sequence = *self.sequences.get(&tp).unwrap_or(&0);
-        let count = values.len() as i32;
-        let batch = RecordBatch {
-            producer_id: self.producer_id,
-            producer_epoch: i32::from(self.epoch),
-            base_sequence: sequence,
-            is_transactional: true,
-            transactional_id: self.transactional_id.clone(),
-            records: produce::records(target.key(), values),
-        };
-        let metadata = produce::produce(&self.conn, &tp, batch)
-            .await
-            .map_err(|e| self.fail(e))?;
-        // Sequences wrap at i32::MAX like Kafka's.
-        self.sequences
-            .insert(tp, sequence.wrapping_add(count) & i32::MAX);
-        Ok(metadata)
+        produce::produce_next(
+            &self.conn,
+            &mut self.sequences,
+            tp,
+            (self.producer_id, self.epoch),
+            Some(&self.transactional_id),
+            produce::records(target.key(), values),
+        )
+        .await
+        .map_err(|e| self.fail(e))
     }
 
     /// Commits `offsets` (next offset to consume, per partition) for consumer group `group`
