@@ -18,12 +18,29 @@
 //! leader (partitions grouped per leader, leaders in parallel) and WriteGroupOffsetMarker to each
 //! group's coordinator (this node short-circuits locally), retrying with exponential backoff
 //! (`marker_retry_backoff` doubling up to 32x) until every partition answers NONE; then it
-//! persists Complete*. Permanent marker errors: TRANSACTION_COORDINATOR_FENCED means a newer
-//! incarnation of this coordinator exists, so this one stops and never completes the
-//! transaction; INVALID_PRODUCER_EPOCH (the leader already holds a newer epoch for the PID) is
-//! logged and counted as acknowledged for an ABORT (nothing can become visible), while for a
-//! COMMIT the writer stops and leaves PrepareCommit, so a commit that was not written is never
-//! completed (the next start tries again). Every other error is retried.
+//! persists Complete*. Permanent marker errors, the same for a partition's leader and a group's
+//! coordinator: TRANSACTION_COORDINATOR_FENCED means a newer incarnation of this coordinator
+//! exists, so this one stops and never completes the transaction; INVALID_PRODUCER_EPOCH (the
+//! leader or group already holds a newer epoch for the PID) is logged and counted as
+//! acknowledged for an ABORT (nothing can become visible), while for a COMMIT the writer stops
+//! and leaves PrepareCommit, so a commit that was not written is never completed (the next
+//! start tries again). Every other error is retried.
+//!
+//! For a group, INVALID_PRODUCER_EPOCH on a COMMIT cannot reach a live writer: the group only
+//! records an epoch above this marker's once a later transaction of the same PID ended, and that
+//! transaction could not start before this one was Complete*, i.e. before this marker was
+//! acknowledged. Seeing it means a stale writer (e.g. a paused older incarnation) or lost
+//! storage; stopping (logged at error, PrepareCommit kept) is the choice that can never complete
+//! a commit whose offsets were not written, at the price of a transaction left in PrepareCommit
+//! (retried at each start) for an operator to look at. Treating it as acknowledged ("something
+//! newer committed, so ours must have") would rest on that argument alone; it is kept identical
+//! to the leader case instead, so the rule has one statement.
+//!
+//! Group markers on the receiving side (this node coordinates the group): per group, one
+//! `tokio::sync::Mutex` (held across the read of the fence and the sled write: serialising the
+//! two is the point), [`core::write_group_marker`] decides, and an accepted marker's offsets and
+//! fence are written in one durable storage call before the reply. A marker to a group this node
+//! owns short-circuits to that same path, so local and remote markers are fenced alike.
 //!
 //! Start: open sled (waiting for a previous instance's lock file), serve at once (answering
 //! COORDINATOR_LOAD_IN_PROGRESS), bump and persist the generation, load the owned ids, re-send
@@ -32,11 +49,12 @@
 //! flush, drop sled and wait until its lock file is released, so the directory can be reopened
 //! as soon as [`serve`] returns.
 //!
-//! CAVEATS: the group coordinator does not fence old-generation group markers (a resent commit
-//! marker of an older transaction could move an offset back); DescribeTransactions answers
-//! INVALID_PRODUCER_ID_MAPPING for an unknown id (Kafka's TRANSACTIONAL_ID_NOT_FOUND is not in
-//! the proto); ids are never expired from memory; a marker writer stopped by a permanent error
-//! leaves its id in Prepare* (CONCURRENT_TRANSACTIONS) until the next start retries it.
+//! CAVEATS: DescribeTransactions answers INVALID_PRODUCER_ID_MAPPING for an unknown id (Kafka's
+//! TRANSACTIONAL_ID_NOT_FOUND is not in the proto); ids and group locks are never expired from
+//! memory; a marker writer stopped by a permanent error leaves its id in Prepare*
+//! (CONCURRENT_TRANSACTIONS) until the next start retries it; a coordinator whose data directory
+//! is lost restarts at generation 1 and is then fenced by every group (and leader) that saw it
+//! at a higher generation.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -160,6 +178,7 @@ pub async fn serve_with_storage(
         generation: AtomicI64::new(-1),
         loaded: AtomicBool::new(false),
         txns: Mutex::new(HashMap::new()),
+        groups: Mutex::new(HashMap::new()),
         pids: tokio::sync::Mutex::new(None),
         channels: Mutex::new(HashMap::new()),
         stop,
@@ -241,6 +260,8 @@ struct Shared {
     loaded: AtomicBool,
     /// Per-id metadata, each behind its own lock (see the module docs).
     txns: Mutex<HashMap<String, Slot>>,
+    /// Per-group locks serialising the group markers this node applies (see the module docs).
+    groups: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// `None` until loaded.
     pids: tokio::sync::Mutex<Option<PidAllocator>>,
     /// One lazily connected channel per peer address.
@@ -586,19 +607,53 @@ impl Shared {
             if self.stopping() {
                 return Delivery::Stopped;
             }
+            let txn_id = &job.transactional_id;
             let mut still = Vec::new();
             for (group, offsets) in remaining {
-                let done = if node == self.node_id {
-                    self.write_group_marker_locally(&group, job.result, offsets.clone())
-                        .await
-                        .map_err(|e| e.to_string())
-                } else {
-                    self.write_group_marker_remote(job, node, &group, &offsets)
-                        .await
+                let marker = core::GroupMarker {
+                    group_id: group.clone(),
+                    producer_id: job.identity.producer_id,
+                    epoch: job.identity.epoch,
+                    result: job.result,
+                    offsets: offsets.clone(),
+                    coordinator_id: self.node_id,
+                    coordinator_generation: self.generation(),
                 };
-                if let Err(e) = done {
-                    debug!(txn_id = %job.transactional_id, %group, error = %e, "group marker failed; retrying");
-                    still.push((group, offsets));
+                let reply = if node == self.node_id {
+                    let result = self.write_group_marker_locally(marker).await;
+                    let (code, message) = code_of(&result);
+                    Ok((ErrorCode::from_wire(code), message))
+                } else {
+                    self.write_group_marker_remote(node, marker).await
+                };
+                match reply {
+                    Ok((ErrorCode::None, _)) => {}
+                    Ok((ErrorCode::TransactionCoordinatorFenced, message)) => {
+                        error!(%txn_id, %group, generation = self.generation(), %message,
+                               "a newer incarnation of this coordinator wrote group markers; stopping");
+                        return Delivery::Stopped;
+                    }
+                    Ok((ErrorCode::InvalidProducerEpoch, message))
+                        if job.result == TxnResult::Abort =>
+                    {
+                        warn!(%txn_id, %group, %message,
+                              "group holds a newer epoch; abort marker counted as written");
+                    }
+                    Ok((ErrorCode::InvalidProducerEpoch, message)) => {
+                        // Unreachable for a live writer (module docs): never complete the commit.
+                        error!(%txn_id, %group, pid = job.identity.producer_id,
+                               epoch = job.identity.epoch, %message,
+                               "group refuses the commit marker with a newer epoch; leaving PrepareCommit");
+                        return Delivery::Stopped;
+                    }
+                    Ok((code, message)) => {
+                        debug!(%txn_id, %group, ?code, %message, "group marker not acknowledged; retrying");
+                        still.push((group, offsets));
+                    }
+                    Err(e) => {
+                        debug!(%txn_id, %group, error = %e, "group marker failed; retrying");
+                        still.push((group, offsets));
+                    }
                 }
             }
             remaining = still;
@@ -612,52 +667,81 @@ impl Shared {
         }
     }
 
+    /// Sends one group marker to coordinator `node`: its reply code and message, or a
+    /// transport error (retried).
     async fn write_group_marker_remote(
         &self,
-        job: &MarkerJob,
         node: NodeId,
-        group: &str,
-        offsets: &PendingOffsets,
-    ) -> Result<(), String> {
+        marker: core::GroupMarker,
+    ) -> Result<(ErrorCode, String), String> {
         let address = self
             .topology
             .coordinator(node)
             .map(|n| n.address.clone())
             .ok_or_else(|| format!("coordinator {node} is not in the topology"))?;
         let request = proto::WriteGroupOffsetMarkerRequest {
-            group_id: group.to_string(),
-            producer_id: job.identity.producer_id,
-            producer_epoch: i32::from(job.identity.epoch),
-            result: wire_result(job.result) as i32,
-            offsets: wire_offsets(offsets),
-            coordinator_id: self.node_id,
-            coordinator_generation: self.generation(),
+            offsets: wire_offsets(&marker.offsets),
+            group_id: marker.group_id,
+            producer_id: marker.producer_id,
+            producer_epoch: i32::from(marker.epoch),
+            result: wire_result(marker.result) as i32,
+            coordinator_id: marker.coordinator_id,
+            coordinator_generation: marker.coordinator_generation,
         };
         let reply = TransactionCoordinatorClient::new(self.channel(&address)?)
             .write_group_offset_marker(request)
             .await
             .map_err(|s| s.to_string())?
             .into_inner();
-        match ErrorCode::from_wire(reply.error_code) {
-            ErrorCode::None => Ok(()),
-            code => Err(format!("{code:?}: {}", reply.error_message)),
-        }
+        Ok((ErrorCode::from_wire(reply.error_code), reply.error_message))
     }
 
-    /// The group coordinator's side of a group marker: COMMIT makes the offsets visible.
-    async fn write_group_marker_locally(
-        &self,
-        group: &str,
-        result: TxnResult,
-        offsets: PendingOffsets,
-    ) -> Result<(), Error> {
-        self.check_owner(group)?;
-        if result == TxnResult::Commit && !offsets.is_empty() {
-            let group = group.to_string();
-            self.blocking(move |s| s.commit_group_offsets(&group, &offsets))
-                .await?;
+    /// The lock of `group` (created on first use; see the module docs).
+    fn group_lock(&self, group: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        groups.entry(group.to_string()).or_default().clone()
+    }
+
+    /// The group coordinator's side of a group marker: fence it against what the group
+    /// recorded ([`core::write_group_marker`]); if accepted, make its offsets (COMMIT) and its
+    /// epoch and generation durable before answering.
+    async fn write_group_marker_locally(&self, marker: core::GroupMarker) -> Result<(), Error> {
+        self.check_owner(&marker.group_id)?;
+        let lock = self.group_lock(&marker.group_id);
+        // Held across the read and the write on purpose: a second marker for this group must
+        // be checked against the fence the first one writes.
+        let _guard = lock.lock().await;
+        let (group, pid, coordinator) = (
+            marker.group_id.clone(),
+            marker.producer_id,
+            marker.coordinator_id,
+        );
+        let fence = {
+            let group = group.clone();
+            self.blocking(move |s| s.group_marker_fence(&group, pid, coordinator))
+                .await?
+        };
+        let (epoch, generation, result) =
+            (marker.epoch, marker.coordinator_generation, marker.result);
+        match core::write_group_marker(&fence, marker) {
+            Err(e) => {
+                warn!(%group, pid, epoch, coordinator, generation, ?result,
+                      recorded_epoch = ?fence.producer_epoch,
+                      recorded_generation = ?fence.coordinator_generation,
+                      error = %e, "group marker refused");
+                Err(Error::Protocol(e))
+            }
+            Ok(None) => {
+                debug!(%group, pid, epoch, coordinator, generation, "group marker repeated; nothing to write");
+                Ok(())
+            }
+            Ok(Some(write)) => {
+                let offsets = write.offsets.len();
+                self.blocking(move |s| s.apply_group_marker(&write)).await?;
+                debug!(%group, pid, epoch, coordinator, generation, ?result, offsets, "group marker applied");
+                Ok(())
+            }
         }
-        Ok(())
     }
 
     /// The periodic scan of PROTOCOL.md section 8.
@@ -767,6 +851,7 @@ pub fn error_code(error: &Error) -> ErrorCode {
             TxnError::InvalidTxnState(_) => ErrorCode::InvalidTxnState,
             TxnError::UnknownTopicOrPartition(_) => ErrorCode::UnknownTopicOrPartition,
             TxnError::TransactionTimedOut(_) => ErrorCode::TransactionTimedOut,
+            TxnError::TransactionCoordinatorFenced(_) => ErrorCode::TransactionCoordinatorFenced,
             TxnError::NeedProducerId => ErrorCode::UnknownServerError,
         },
         Error::Storage(_) => ErrorCode::KafkaStorageError,
@@ -1002,8 +1087,14 @@ impl CoordinatorService {
         request: proto::WriteGroupOffsetMarkerRequest,
     ) -> Result<(), Error> {
         check_id("group id", &request.group_id)?;
-        check_producer(request.producer_id, request.producer_epoch)?;
+        let identity = check_producer(request.producer_id, request.producer_epoch)?;
         let result = check_result(request.result)?;
+        if request.coordinator_generation < 0 {
+            return Err(invalid(format!(
+                "coordinator generation {} is negative",
+                request.coordinator_generation
+            )));
+        }
         check_list_len("offsets", request.offsets.len())?;
         let mut offsets = PendingOffsets::new();
         for o in request.offsets {
@@ -1011,7 +1102,15 @@ impl CoordinatorService {
             offsets.insert(TopicPartition::new(o.topic, o.partition), o.offset);
         }
         self.shared
-            .write_group_marker_locally(&request.group_id, result, offsets)
+            .write_group_marker_locally(core::GroupMarker {
+                group_id: request.group_id,
+                producer_id: identity.producer_id,
+                epoch: identity.epoch,
+                result,
+                offsets,
+                coordinator_id: request.coordinator_id,
+                coordinator_generation: request.coordinator_generation,
+            })
             .await
     }
 
@@ -1273,6 +1372,14 @@ mod tests {
         assert_eq!(
             p(TxnError::TransactionTimedOut(String::new())),
             ErrorCode::TransactionTimedOut
+        );
+        assert_eq!(
+            p(TxnError::TransactionCoordinatorFenced(String::new())),
+            ErrorCode::TransactionCoordinatorFenced
+        );
+        assert_eq!(
+            p(TxnError::InvalidProducerEpoch(String::new())),
+            ErrorCode::InvalidProducerEpoch
         );
         assert_eq!(p(TxnError::NeedProducerId), ErrorCode::UnknownServerError);
         assert_eq!(

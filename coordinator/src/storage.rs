@@ -6,6 +6,12 @@
 //! - the committed offsets of the consumer groups this node coordinates (tree
 //!   `__consumer_offsets`, key = length-prefixed group + length-prefixed topic + big-endian
 //!   partition, value = big-endian i64 offset);
+//! - per group, what fences its markers (see [`crate::core::write_group_marker`]), tree
+//!   `__group_marker_state`: key = length-prefixed group + `b'p'` + big-endian PID, value =
+//!   big-endian i16 epoch of the last marker applied for that PID; key = length-prefixed group +
+//!   `b'c'` + big-endian coordinator id, value = big-endian i64 highest generation seen from it.
+//!   [`Storage::apply_group_marker`] writes a marker's offsets and these records in one sled
+//!   transaction over both trees, so a crash never leaves offsets without their fence;
 //! - in tree `__coordinator_meta`: the coordinator generation (bumped at every start) and the
 //!   PID block bound (see [`crate::core::PidAllocator`]).
 //!
@@ -15,21 +21,25 @@
 //!
 //! CAVEATS: the methods are synchronous (sled is); the service calls them on tokio's blocking
 //! pool. JSON is not the most compact encoding; a transaction of 10,000 partitions is ~300 KB per
-//! write. No compaction or expiry of old ids.
+//! write. No compaction or expiry of old ids, nor of a group's per-PID fencing records.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cluster::TopicPartition;
+use cluster::{NodeId, ProducerEpoch, ProducerId, TopicPartition};
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
 
-use crate::core::{PendingOffsets, TxnMetadata};
+use crate::core::{GroupMarkerFence, GroupMarkerWrite, PendingOffsets, TxnMetadata};
 
 /// Name of the sled tree holding transaction metadata.
 pub const TXN_STATE_TREE: &str = "__transaction_state";
 /// Name of the sled tree holding committed group offsets.
 pub const GROUP_OFFSETS_TREE: &str = "__consumer_offsets";
+/// Name of the sled tree holding the per-group fencing records of group markers.
+pub const GROUP_MARKER_TREE: &str = "__group_marker_state";
 /// Name of the sled tree holding the generation and the PID block.
 pub const META_TREE: &str = "__coordinator_meta";
 const GENERATION_KEY: &[u8] = b"generation";
@@ -81,12 +91,16 @@ pub trait Storage: Send + Sync + 'static {
     fn put_generation(&self, generation: i64) -> Result<(), StorageError>;
     /// Stores the PID block bound.
     fn put_pid_block(&self, end: i64) -> Result<(), StorageError>;
-    /// Makes `offsets` the committed offsets of `group` (atomically, other partitions kept).
-    fn commit_group_offsets(
+    /// What `group` recorded about `producer_id` and `coordinator_id` (fences group markers).
+    fn group_marker_fence(
         &self,
         group: &str,
-        offsets: &PendingOffsets,
-    ) -> Result<(), StorageError>;
+        producer_id: ProducerId,
+        coordinator_id: NodeId,
+    ) -> Result<GroupMarkerFence, StorageError>;
+    /// Applies an accepted group marker, atomically: its offsets become the group's committed
+    /// offsets (other partitions kept) and its epoch and generation are recorded.
+    fn apply_group_marker(&self, write: &GroupMarkerWrite) -> Result<(), StorageError>;
     /// The committed offsets of `group`.
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError>;
     /// Flushes everything (at shutdown).
@@ -99,6 +113,7 @@ pub struct SledStorage {
     db: sled::Db,
     txns: sled::Tree,
     offsets: sled::Tree,
+    markers: sled::Tree,
     meta: sled::Tree,
 }
 
@@ -111,6 +126,7 @@ impl SledStorage {
         Ok(Self {
             txns: db.open_tree(TXN_STATE_TREE)?,
             offsets: db.open_tree(GROUP_OFFSETS_TREE)?,
+            markers: db.open_tree(GROUP_MARKER_TREE)?,
             meta: db.open_tree(META_TREE)?,
             db,
         })
@@ -184,6 +200,28 @@ fn offset_key(group: &str, tp: &TopicPartition) -> Vec<u8> {
     key
 }
 
+fn pid_fence_key(group: &str, producer_id: ProducerId) -> Vec<u8> {
+    let mut key = group_prefix(group);
+    key.push(b'p');
+    key.extend_from_slice(&producer_id.to_be_bytes());
+    key
+}
+
+fn coordinator_fence_key(group: &str, coordinator_id: NodeId) -> Vec<u8> {
+    let mut key = group_prefix(group);
+    key.push(b'c');
+    key.extend_from_slice(&coordinator_id.to_be_bytes());
+    key
+}
+
+/// Decodes a fixed-size big-endian value stored under `key`.
+fn decode_be<const N: usize>(key: &[u8], value: &[u8]) -> Result<[u8; N], StorageError> {
+    value.try_into().map_err(|_| StorageError::Corrupt {
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason: format!("{} bytes, expected {N}", value.len()),
+    })
+}
+
 fn decode_offset_key(prefix_len: usize, key: &[u8]) -> Option<TopicPartition> {
     let rest = key.get(prefix_len..)?;
     let len = u16::from_be_bytes(rest.get(..2)?.try_into().ok()?) as usize;
@@ -228,16 +266,58 @@ impl Storage for SledStorage {
         self.durable()
     }
 
-    fn commit_group_offsets(
+    fn group_marker_fence(
         &self,
         group: &str,
-        offsets: &PendingOffsets,
-    ) -> Result<(), StorageError> {
-        let mut batch = sled::Batch::default();
-        for (tp, offset) in offsets {
-            batch.insert(offset_key(group, tp), &offset.to_be_bytes());
-        }
-        self.offsets.apply_batch(batch)?;
+        producer_id: ProducerId,
+        coordinator_id: NodeId,
+    ) -> Result<GroupMarkerFence, StorageError> {
+        let read = |key: Vec<u8>| -> Result<Option<sled::IVec>, StorageError> {
+            Ok(self.markers.get(key)?)
+        };
+        let pid_key = pid_fence_key(group, producer_id);
+        let producer_epoch = match read(pid_key.clone())? {
+            None => None,
+            Some(v) => Some(ProducerEpoch::from_be_bytes(decode_be(&pid_key, &v)?)),
+        };
+        let coordinator_key = coordinator_fence_key(group, coordinator_id);
+        let coordinator_generation = match read(coordinator_key.clone())? {
+            None => None,
+            Some(v) => Some(i64::from_be_bytes(decode_be(&coordinator_key, &v)?)),
+        };
+        Ok(GroupMarkerFence {
+            producer_epoch,
+            coordinator_generation,
+        })
+    }
+
+    fn apply_group_marker(&self, write: &GroupMarkerWrite) -> Result<(), StorageError> {
+        let group = write.group_id.as_str();
+        let offsets: Vec<(Vec<u8>, [u8; 8])> = write
+            .offsets
+            .iter()
+            .map(|(tp, offset)| (offset_key(group, tp), offset.to_be_bytes()))
+            .collect();
+        let pid_key = pid_fence_key(group, write.producer_id);
+        let coordinator_key = coordinator_fence_key(group, write.coordinator_id);
+        // One transaction over both trees: the offsets never become durable without the
+        // fence that keeps an older marker from overwriting them.
+        (&self.offsets, &self.markers)
+            .transaction(|(offsets_tree, markers_tree)| {
+                for (key, value) in &offsets {
+                    offsets_tree.insert(key.as_slice(), &value[..])?;
+                }
+                markers_tree.insert(pid_key.as_slice(), &write.producer_epoch.to_be_bytes())?;
+                markers_tree.insert(
+                    coordinator_key.as_slice(),
+                    &write.coordinator_generation.to_be_bytes(),
+                )?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| match e {
+                TransactionError::Storage(e) => StorageError::Sled(e),
+                TransactionError::Abort(()) => StorageError::Task("group marker aborted".into()),
+            })?;
         self.durable()
     }
 
@@ -272,8 +352,16 @@ pub struct MemoryStorage {
 struct MemoryState {
     txns: BTreeMap<String, TxnMetadata>,
     offsets: BTreeMap<String, PendingOffsets>,
+    /// Per group: per PID the epoch, per coordinator the generation.
+    fences: BTreeMap<String, MemoryFences>,
     generation: i64,
     pid_block_end: i64,
+}
+
+#[derive(Debug, Default)]
+struct MemoryFences {
+    epochs: BTreeMap<ProducerId, ProducerEpoch>,
+    generations: BTreeMap<NodeId, i64>,
 }
 
 impl MemoryStorage {
@@ -312,14 +400,33 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
-    fn commit_group_offsets(
+    fn group_marker_fence(
         &self,
         group: &str,
-        offsets: &PendingOffsets,
-    ) -> Result<(), StorageError> {
+        producer_id: ProducerId,
+        coordinator_id: NodeId,
+    ) -> Result<GroupMarkerFence, StorageError> {
+        Ok(self.with(|s| {
+            let fences = s.fences.get(group);
+            GroupMarkerFence {
+                producer_epoch: fences.and_then(|f| f.epochs.get(&producer_id).copied()),
+                coordinator_generation: fences
+                    .and_then(|f| f.generations.get(&coordinator_id).copied()),
+            }
+        }))
+    }
+
+    fn apply_group_marker(&self, write: &GroupMarkerWrite) -> Result<(), StorageError> {
         self.with(|s| {
-            let stored = s.offsets.entry(group.to_string()).or_default();
-            stored.extend(offsets.iter().map(|(tp, o)| (tp.clone(), *o)));
+            let stored = s.offsets.entry(write.group_id.clone()).or_default();
+            stored.extend(write.offsets.iter().map(|(tp, o)| (tp.clone(), *o)));
+            let fences = s.fences.entry(write.group_id.clone()).or_default();
+            fences
+                .epochs
+                .insert(write.producer_id, write.producer_epoch);
+            fences
+                .generations
+                .insert(write.coordinator_id, write.coordinator_generation);
         });
         Ok(())
     }
@@ -355,21 +462,47 @@ mod tests {
         assert_eq!((snap.generation, snap.pid_block_end), (4, 2000));
 
         let tp = |t: &str, p| TopicPartition::new(t, p);
-        store
-            .commit_group_offsets("g", &[(tp("t", 0), 5), (tp("t", 1), 6)].into())
-            .unwrap();
-        store
-            .commit_group_offsets("g", &[(tp("t", 0), 9)].into())
-            .unwrap();
+        let marker = |group: &str, offsets: PendingOffsets, pid, epoch, generation| {
+            store
+                .apply_group_marker(&GroupMarkerWrite {
+                    group_id: group.into(),
+                    offsets,
+                    producer_id: pid,
+                    producer_epoch: epoch,
+                    coordinator_id: 1,
+                    coordinator_generation: generation,
+                })
+                .unwrap()
+        };
+        assert_eq!(
+            store.group_marker_fence("g", 7, 1).unwrap(),
+            GroupMarkerFence::default()
+        );
+        marker("g", [(tp("t", 0), 5), (tp("t", 1), 6)].into(), 7, 1, 2);
+        marker("g", [(tp("t", 0), 9)].into(), 7, 2, 3);
         // A group whose name is a prefix of another does not leak into it.
-        store
-            .commit_group_offsets("gg", &[(tp("t", 0), 1)].into())
-            .unwrap();
+        marker("gg", [(tp("t", 0), 1)].into(), 8, 0, 4);
         assert_eq!(
             store.group_offsets("g").unwrap(),
             [(tp("t", 0), 9), (tp("t", 1), 6)].into()
         );
         assert!(store.group_offsets("none").unwrap().is_empty());
+        let fence = |epoch, generation| GroupMarkerFence {
+            producer_epoch: epoch,
+            coordinator_generation: generation,
+        };
+        assert_eq!(
+            store.group_marker_fence("g", 7, 1).unwrap(),
+            fence(Some(2), Some(3))
+        );
+        assert_eq!(
+            store.group_marker_fence("g", 8, 2).unwrap(),
+            fence(None, None)
+        );
+        assert_eq!(
+            store.group_marker_fence("gg", 8, 1).unwrap(),
+            fence(Some(0), Some(4))
+        );
         store.flush().unwrap();
     }
 
@@ -391,6 +524,13 @@ mod tests {
         assert_eq!(snap.txns.len(), 2);
         assert_eq!(snap.generation, 4);
         assert_eq!(store.group_offsets("g").unwrap().len(), 2);
+        assert_eq!(
+            store.group_marker_fence("g", 7, 1).unwrap(),
+            GroupMarkerFence {
+                producer_epoch: Some(2),
+                coordinator_generation: Some(3),
+            }
+        );
     }
 
     #[test]
@@ -400,5 +540,11 @@ mod tests {
         store.txns.insert("bad", &b"{not json"[..]).unwrap();
         let err = store.load().unwrap_err().to_string();
         assert!(err.contains("bad"), "{err}");
+        store
+            .markers
+            .insert(pid_fence_key("g", 7), &b"x"[..])
+            .unwrap();
+        let err = store.group_marker_fence("g", 7, 1).unwrap_err();
+        assert!(matches!(err, StorageError::Corrupt { .. }), "{err}");
     }
 }

@@ -64,6 +64,7 @@ fn code(e: &TxnError) -> &'static str {
         TxnError::InvalidTxnState(_) => "INVALID_TXN_STATE",
         TxnError::UnknownTopicOrPartition(_) => "UNKNOWN_TOPIC_OR_PARTITION",
         TxnError::TransactionTimedOut(_) => "TRANSACTION_TIMED_OUT",
+        TxnError::TransactionCoordinatorFenced(_) => "TRANSACTION_COORDINATOR_FENCED",
         TxnError::NeedProducerId => "NEED_PRODUCER_ID",
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use common::*;
-use coordinator::core::{PendingOffsets, TxnMetadata};
+use coordinator::core::{GroupMarkerFence, GroupMarkerWrite, PendingOffsets, TxnMetadata};
 use coordinator::storage::{MemoryStorage, Snapshot, Storage, StorageError};
 use proto::{ErrorCode, TxnState};
 
@@ -56,13 +56,18 @@ impl Storage for TestStorage {
         self.check()?;
         self.inner.put_pid_block(end)
     }
-    fn commit_group_offsets(
+    fn group_marker_fence(
         &self,
         group: &str,
-        offsets: &PendingOffsets,
-    ) -> Result<(), StorageError> {
+        producer_id: i64,
+        coordinator_id: i32,
+    ) -> Result<GroupMarkerFence, StorageError> {
+        self.inner
+            .group_marker_fence(group, producer_id, coordinator_id)
+    }
+    fn apply_group_marker(&self, write: &GroupMarkerWrite) -> Result<(), StorageError> {
         self.check()?;
-        self.inner.commit_group_offsets(group, offsets)
+        self.inner.apply_group_marker(write)
     }
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
         self.inner.group_offsets(group)

@@ -1,0 +1,285 @@
+//! Fencing of WriteGroupOffsetMarker at the group's coordinator, over real gRPC with real sled:
+//! a late COMMIT of an older transaction (lower epoch for its PID) or from an older incarnation
+//! of a transaction coordinator (lower generation) never moves a group's offsets backwards, the
+//! same marker twice is a no-op, all of it survives a restart; and the marker writer treats the
+//! group's permanent refusals the way it treats a leader's.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use proto::{ErrorCode, TxnState, WriteGroupOffsetMarkerRequest};
+
+/// One marker sent straight to a coordinator, as a transaction coordinator would send it.
+#[derive(Clone)]
+struct Marker {
+    group: String,
+    pid: i64,
+    epoch: i32,
+    commit: bool,
+    offsets: Vec<(&'static str, i32, i64)>,
+    coordinator_id: i32,
+    generation: i64,
+}
+
+impl Marker {
+    fn commit(group: &str, pid: i64, epoch: i32, offsets: &[(&'static str, i32, i64)]) -> Self {
+        Self {
+            group: group.into(),
+            pid,
+            epoch,
+            commit: true,
+            offsets: offsets.to_vec(),
+            coordinator_id: 7,
+            generation: 3,
+        }
+    }
+
+    fn abort(group: &str, pid: i64, epoch: i32) -> Self {
+        Self {
+            commit: false,
+            ..Self::commit(group, pid, epoch, &[])
+        }
+    }
+
+    fn from(mut self, coordinator_id: i32, generation: i64) -> Self {
+        self.coordinator_id = coordinator_id;
+        self.generation = generation;
+        self
+    }
+
+    async fn send(&self, client: &mut Client) -> ErrorCode {
+        let r = client
+            .write_group_offset_marker(WriteGroupOffsetMarkerRequest {
+                group_id: self.group.clone(),
+                producer_id: self.pid,
+                producer_epoch: self.epoch,
+                result: if self.commit {
+                    proto::TxnResult::Commit
+                } else {
+                    proto::TxnResult::Abort
+                } as i32,
+                offsets: self
+                    .offsets
+                    .iter()
+                    .map(|(t, p, o)| proto::PartitionOffset {
+                        topic: t.to_string(),
+                        partition: *p,
+                        offset: *o,
+                    })
+                    .collect(),
+                coordinator_id: self.coordinator_id,
+                coordinator_generation: self.generation,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        code(r.error_code)
+    }
+}
+
+/// The group's committed offsets of t-0 and t-1 (-1: none).
+async fn offsets(client: &mut Client, group: &str) -> (i64, i64) {
+    let (c, o) = offset_fetch(client, group, vec![tp("t", 0), tp("t", 1)]).await;
+    assert_eq!(c, ErrorCode::None);
+    (o[0].2, o[1].2)
+}
+
+#[tokio::test]
+async fn late_group_markers_never_move_offsets_backwards_even_after_a_restart() {
+    let mut cluster = Cluster::start(1).await;
+    let mut c = cluster.client(1).await;
+    let g = "group-late";
+
+    // Transaction 1 of PID 1000 ends with epoch 5, transaction 2 with epoch 6.
+    let txn1 = Marker::commit(g, 1000, 5, &[("t", 0, 10), ("t", 1, 11)]);
+    let txn2 = Marker::commit(g, 1000, 6, &[("t", 0, 20)]);
+    assert_eq!(txn1.send(&mut c).await, ErrorCode::None);
+    assert_eq!(offsets(&mut c, g).await, (10, 11));
+    assert_eq!(txn2.send(&mut c).await, ErrorCode::None);
+    assert_eq!(offsets(&mut c, g).await, (20, 11));
+
+    // A late, delayed COMMIT of transaction 1 (and an ABORT older still): refused, nothing moves.
+    assert_eq!(txn1.send(&mut c).await, ErrorCode::InvalidProducerEpoch);
+    assert_eq!(
+        Marker::abort(g, 1000, 4).send(&mut c).await,
+        ErrorCode::InvalidProducerEpoch
+    );
+    assert_eq!(offsets(&mut c, g).await, (20, 11));
+
+    // Another PID commits t-0 = 30; then transaction 2's marker arrives again: a no-op, it
+    // does not put t-0 back to 20.
+    assert_eq!(
+        Marker::commit(g, 2000, 0, &[("t", 0, 30)])
+            .send(&mut c)
+            .await,
+        ErrorCode::None
+    );
+    assert_eq!(txn2.send(&mut c).await, ErrorCode::None);
+    assert_eq!(txn2.send(&mut c).await, ErrorCode::None);
+    assert_eq!(offsets(&mut c, g).await, (30, 11));
+
+    // The sending coordinator restarts (generation 4); its older incarnation is fenced, even
+    // for a PID the group has never seen.
+    let newer = Marker::commit(g, 3000, 0, &[("t", 1, 40)]).from(7, 4);
+    let zombie = Marker::commit(g, 4000, 0, &[("t", 1, 1)]).from(7, 3);
+    assert_eq!(newer.send(&mut c).await, ErrorCode::None);
+    assert_eq!(
+        zombie.send(&mut c).await,
+        ErrorCode::TransactionCoordinatorFenced
+    );
+    assert_eq!(offsets(&mut c, g).await, (30, 40));
+    // Generations are per sending coordinator: coordinator 8 at generation 1 is not fenced.
+    assert_eq!(
+        Marker::abort(g, 4000, 0).from(8, 1).send(&mut c).await,
+        ErrorCode::None
+    );
+    // Fences are per group: the same late marker applies to a group that never saw PID 1000.
+    let other = Marker {
+        group: "group-other".into(),
+        ..txn1.clone()
+    };
+    assert_eq!(other.send(&mut c).await, ErrorCode::None);
+    assert_eq!(offsets(&mut c, "group-other").await, (10, 11));
+
+    // Everything above is durable: after a restart, the same answers and the same offsets.
+    cluster.restart(1).await;
+    let mut c = cluster.client(1).await;
+    assert_eq!(offsets(&mut c, g).await, (30, 40));
+    assert_eq!(txn1.send(&mut c).await, ErrorCode::InvalidProducerEpoch);
+    assert_eq!(
+        zombie.send(&mut c).await,
+        ErrorCode::TransactionCoordinatorFenced
+    );
+    // Transaction 2's marker from the sender's old incarnation is now fenced; re-sent by the
+    // restarted sender (as recovery of a Prepare* does), it is a repeat: NONE, nothing moves.
+    assert_eq!(
+        txn2.send(&mut c).await,
+        ErrorCode::TransactionCoordinatorFenced
+    );
+    assert_eq!(txn2.clone().from(7, 4).send(&mut c).await, ErrorCode::None);
+    assert_eq!(newer.send(&mut c).await, ErrorCode::None);
+    assert_eq!(
+        Marker::commit(g, 4000, 0, &[("t", 1, 1)])
+            .from(8, 1)
+            .send(&mut c)
+            .await,
+        ErrorCode::None,
+        "PID 4000's ABORT at epoch 0 was applied: the same epoch again is a repeat"
+    );
+    assert_eq!(offsets(&mut c, g).await, (30, 40));
+    assert_eq!(offsets(&mut c, "group-other").await, (10, 11));
+
+    // Bad input: a typed error, nothing stored.
+    assert_eq!(
+        Marker::commit(g, 5000, 0, &[("t", 0, 0)])
+            .from(7, -1)
+            .send(&mut c)
+            .await,
+        ErrorCode::InvalidRequest
+    );
+    assert_eq!(
+        Marker::commit(g, 5000, -1, &[("t", 0, 0)])
+            .send(&mut c)
+            .await,
+        ErrorCode::InvalidRequest
+    );
+    assert_eq!(offsets(&mut c, g).await, (30, 40));
+}
+
+/// One transaction of `t` that commits t-0 = `offset` for `group`; returns the marker (PID, epoch).
+async fn commit_offset(t: &mut Txn, pe: (i64, i32), group: &str, offset: i64) -> (i64, i32) {
+    assert_eq!(t.add_offsets(pe, group).await, ErrorCode::None);
+    assert_eq!(
+        t.commit_offsets(pe, group, &[("t", 0, offset)]).await,
+        ErrorCode::None
+    );
+    let marker = t.end(pe, true).await;
+    t.wait_state(TxnState::CompleteCommit).await;
+    marker
+}
+
+#[tokio::test]
+async fn the_marker_writer_records_its_fence_so_its_own_late_marker_is_refused() {
+    // The group lives on coordinator 2: the real writer's markers cross gRPC.
+    let cluster = Cluster::start(2).await;
+    let id = cluster.id_owned_by(1, "txn-group-fence");
+    let group = cluster.id_owned_by(2, "group");
+    let mut t = Txn::new(cluster.client(1).await, &id);
+    let mut gc = cluster.client(2).await;
+
+    let pe = t.init().await;
+    let first = commit_offset(&mut t, pe, &group, 42).await;
+    let second = commit_offset(&mut t, first, &group, 50).await;
+    assert_eq!(second, (first.0, first.1 + 1));
+    assert_eq!(offsets(&mut gc, &group).await.0, 50);
+
+    // The first transaction's COMMIT marker, exactly as coordinator 1 sent it, arriving late.
+    let late = Marker::commit(&group, first.0, first.1, &[("t", 0, 42)]).from(1, 1);
+    assert_eq!(late.send(&mut gc).await, ErrorCode::InvalidProducerEpoch);
+    // The second one again: a no-op.
+    let repeat = Marker::commit(&group, second.0, second.1, &[("t", 0, 50)]).from(1, 1);
+    assert_eq!(repeat.send(&mut gc).await, ErrorCode::None);
+    assert_eq!(offsets(&mut gc, &group).await.0, 50);
+}
+
+#[tokio::test]
+async fn a_group_refusing_as_fenced_stops_the_writer_without_completing() {
+    let cluster = Cluster::start(2).await;
+    let id = cluster.id_owned_by(1, "txn-group-gen");
+    let group = cluster.id_owned_by(2, "group");
+    let mut t = Txn::new(cluster.client(1).await, &id);
+    let mut gc = cluster.client(2).await;
+    // The group has already seen coordinator 1 at a generation above its current one (1).
+    assert_eq!(
+        Marker::abort(&group, 999_999, 0)
+            .from(1, 100)
+            .send(&mut gc)
+            .await,
+        ErrorCode::None
+    );
+    let pe = t.init().await;
+    assert_eq!(t.add_offsets(pe, &group).await, ErrorCode::None);
+    assert_eq!(
+        t.commit_offsets(pe, &group, &[("t", 0, 42)]).await,
+        ErrorCode::None
+    );
+    t.end(pe, true).await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // observe the absence of completion
+    assert_eq!(t.describe().await.state, TxnState::PrepareCommit as i32);
+    assert_eq!(offsets(&mut gc, &group).await.0, -1);
+}
+
+#[tokio::test]
+async fn a_group_holding_a_newer_epoch_acknowledges_an_abort_but_never_completes_a_commit() {
+    let cluster = Cluster::start(2).await;
+    let id = cluster.id_owned_by(1, "txn-group-epoch");
+    let group = cluster.id_owned_by(2, "group");
+    let mut t = Txn::new(cluster.client(1).await, &id);
+    let mut gc = cluster.client(2).await;
+    let pe = t.init().await;
+    // Something (another sender, so no generation is involved) already ended a transaction of
+    // this PID at the highest epoch in this group.
+    assert_eq!(
+        Marker::abort(&group, pe.0, i16::MAX.into())
+            .from(9, 1)
+            .send(&mut gc)
+            .await,
+        ErrorCode::None
+    );
+    // ABORT: refused with INVALID_PRODUCER_EPOCH, counted as written, the abort completes.
+    assert_eq!(t.add_offsets(pe, &group).await, ErrorCode::None);
+    let pe = t.end(pe, false).await;
+    t.wait_state(TxnState::CompleteAbort).await;
+    // COMMIT: refused the same way, and the commit is never completed.
+    assert_eq!(t.add_offsets(pe, &group).await, ErrorCode::None);
+    assert_eq!(
+        t.commit_offsets(pe, &group, &[("t", 0, 42)]).await,
+        ErrorCode::None
+    );
+    t.end(pe, true).await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // observe the absence of completion
+    assert_eq!(t.describe().await.state, TxnState::PrepareCommit as i32);
+    assert_eq!(offsets(&mut gc, &group).await.0, -1);
+}
