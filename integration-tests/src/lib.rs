@@ -1,6 +1,7 @@
 //! Helpers for the end-to-end scenario tests in `tests/`: a cluster per test
 //! ([`minibroker::EmbeddedCluster`]), polling a condition with a deadline (never sleeping as
-//! synchronisation), reading a topic to its end, and describing a transactional id.
+//! synchronisation), an initialised transactional producer, reading a topic to its end, and
+//! describing a transactional id.
 //!
 //! Scenario files:
 //! - `tests/fencing.rs`: a new id gets epoch 0; a second instance gets the same PID and a higher
@@ -24,7 +25,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use minibroker::{EmbeddedCluster, EmbeddedOptions};
-use producer_client::{Admin, ClientConfig, Consumer, Isolation, TopicPartition};
+use producer_client::{
+    Admin, ClientConfig, Consumer, Isolation, TopicPartition, TransactionalProducer,
+};
 
 /// Installs a tracing subscriber once (filter from `RUST_LOG`, off by default).
 pub fn init_tracing() {
@@ -62,6 +65,15 @@ pub fn config(cluster: &EmbeddedCluster) -> ClientConfig {
         .with_request_timeout(Duration::from_secs(5))
         .with_retry_backoff(Duration::from_millis(5), Duration::from_millis(100))
         .with_max_retries(200)
+}
+
+/// A transactional producer for `id` on `cluster`, initialised (InitProducerId done).
+pub async fn producer(cluster: &EmbeddedCluster, id: &str) -> TransactionalProducer {
+    let mut p = TransactionalProducer::connect(config(cluster).with_transactional_id(id))
+        .await
+        .expect("connect");
+    p.init_transactions().await.expect("init_transactions");
+    p
 }
 
 /// Polls `condition` every 10 ms until it holds, failing after `timeout` with `what`.

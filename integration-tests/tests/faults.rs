@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use integration_tests::{cluster, config, describe, state, tp, values, wait_until};
+use integration_tests::{cluster, config, describe, producer, state, tp, values, wait_until};
 use minibroker::process::{self, ProcessOptions};
-use producer_client::{Consumer, IdempotentProducer, Isolation, TransactionalProducer};
+use producer_client::{Consumer, IdempotentProducer, Isolation};
 use proto::TxnState;
 use tokio::sync::Mutex;
 
@@ -16,10 +16,7 @@ use tokio::sync::Mutex;
 async fn coordinator_killed_between_prepare_commit_and_complete_commit() {
     let mut cluster = cluster().await;
     let id = "app";
-    let mut p = TransactionalProducer::connect(config(&cluster).with_transactional_id(id))
-        .await
-        .unwrap();
-    p.init_transactions().await.unwrap();
+    let mut p = producer(&cluster, id).await;
     p.begin_transaction().unwrap();
     for partition in 0..3 {
         p.send("input", partition, format!("v{partition}"))
@@ -66,10 +63,7 @@ async fn coordinator_killed_between_prepare_commit_and_complete_commit() {
 async fn leader_restarted_mid_transaction() {
     let mut cluster = cluster().await;
     let id = "app";
-    let mut p = TransactionalProducer::connect(config(&cluster).with_transactional_id(id))
-        .await
-        .unwrap();
-    p.init_transactions().await.unwrap();
+    let mut p = producer(&cluster, id).await;
     p.begin_transaction().unwrap();
     p.send("input", 0, "before-restart").await.unwrap();
     let leader = cluster.topology().leader_for("input", 0).unwrap().id;
@@ -273,10 +267,7 @@ async fn consume_transform_produce_killed_and_replaced_mid_stream() {
 async fn commit_is_retried_across_a_coordinator_restart() {
     let mut cluster = cluster().await;
     let id = "app";
-    let mut p = TransactionalProducer::connect(config(&cluster).with_transactional_id(id))
-        .await
-        .unwrap();
-    p.init_transactions().await.unwrap();
+    let mut p = producer(&cluster, id).await;
     p.begin_transaction().unwrap();
     p.send("input", 0, "v").await.unwrap();
     let owner = cluster.coordinator_for(id);
@@ -332,10 +323,7 @@ async fn idempotent_producer_across_a_leader_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_is_retried_until_a_killed_leader_returns() {
     let mut cluster = cluster().await;
-    let mut p = TransactionalProducer::connect(config(&cluster).with_transactional_id("app"))
-        .await
-        .unwrap();
-    p.init_transactions().await.unwrap();
+    let mut p = producer(&cluster, "app").await;
     p.begin_transaction().unwrap();
     p.send("input", 0, "first").await.unwrap();
     let leader = cluster.topology().leader_for("input", 0).unwrap().id;

@@ -4,18 +4,12 @@
 
 use std::time::Duration;
 
-use integration_tests::{cluster, cluster_with, config, describe, state, tp, values, wait_until};
+use integration_tests::{
+    cluster, cluster_with, config, describe, producer, state, tp, values, wait_until,
+};
 use minibroker::EmbeddedOptions;
 use producer_client::{Error, Isolation, RawRequests, TransactionalProducer};
 use proto::TxnState;
-
-async fn producer(cluster: &minibroker::EmbeddedCluster, id: &str) -> TransactionalProducer {
-    let mut p = TransactionalProducer::connect(config(cluster).with_transactional_id(id))
-        .await
-        .unwrap();
-    p.init_transactions().await.unwrap();
-    p
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_transactional_id_gets_epoch_zero() {
