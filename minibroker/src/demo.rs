@@ -23,8 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use producer_client::{
-    Admin, ClientConfig, Consumer, Error, Isolation, RawRequests, TopicPartition,
-    TransactionalProducer,
+    Admin, Consumer, Error, Isolation, RawRequests, TopicPartition, TransactionalProducer,
 };
 use serde::Serialize;
 
@@ -536,11 +535,6 @@ async fn story_and_check(
         checks,
         unsafe_skip_epoch_check: options.unsafe_skip_epoch_check,
     })
-}
-
-/// The client configuration the demo's instances use (exposed for tests).
-pub fn instance_config(cluster: &EmbeddedCluster) -> ClientConfig {
-    cluster.client_config().with_transactional_id(TXN_ID)
 }
 
 /// Waits (bounded) until the demo's transactional id is CompleteCommit and no transaction is
