@@ -487,6 +487,26 @@ pub enum TxnError {
     NeedProducerId,
 }
 
+impl TxnError {
+    /// The human detail without the error's name: what travels as `error_message` next to the
+    /// code (the code already names the error; clients print their own name for it).
+    pub fn detail(&self) -> String {
+        match self {
+            TxnError::InvalidRequest(d)
+            | TxnError::InvalidTransactionTimeout(d)
+            | TxnError::ConcurrentTransactions(d)
+            | TxnError::ProducerFenced(d)
+            | TxnError::InvalidProducerIdMapping(d)
+            | TxnError::InvalidProducerEpoch(d)
+            | TxnError::InvalidTxnState(d)
+            | TxnError::UnknownTopicOrPartition(d)
+            | TxnError::TransactionTimedOut(d)
+            | TxnError::TransactionCoordinatorFenced(d) => d.clone(),
+            TxnError::NeedProducerId => self.to_string(),
+        }
+    }
+}
+
 /// What a transition decided: what to persist, which markers to send, what to answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {

@@ -57,3 +57,14 @@ pub enum Error {
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
 }
+
+impl Error {
+    /// The human detail that travels as `error_message`: without the error's name for protocol
+    /// decisions (the code names them), the full text for everything else.
+    pub fn detail(&self) -> String {
+        match self {
+            Error::Protocol(e) => e.detail(),
+            other => other.to_string(),
+        }
+    }
+}

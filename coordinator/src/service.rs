@@ -863,7 +863,7 @@ pub fn error_code(error: &Error) -> ErrorCode {
 fn code_of<T>(result: &Result<T, Error>) -> (i32, String) {
     match result {
         Ok(_) => (ErrorCode::None as i32, String::new()),
-        Err(e) => (error_code(e) as i32, e.to_string()),
+        Err(e) => (error_code(e) as i32, e.detail()),
     }
 }
 
@@ -1131,7 +1131,7 @@ impl CoordinatorService {
         if let Err(e) = checked {
             return proto::TransactionDescription {
                 error_code: error_code(&e) as i32,
-                error_message: e.to_string(),
+                error_message: e.detail(),
                 ..base
             };
         }
@@ -1286,7 +1286,7 @@ impl TransactionCoordinator for CoordinatorService {
             Ok(f) => f,
             Err(e) => {
                 response.error_code = error_code(&e) as i32;
-                response.error_message = e.to_string();
+                response.error_message = e.detail();
                 return Ok(Response::new(response));
             }
         };
@@ -1317,7 +1317,7 @@ impl TransactionCoordinator for CoordinatorService {
         if let Err(e) = check_list_len("transactional ids", request.transactional_ids.len()) {
             transactions.push(proto::TransactionDescription {
                 error_code: error_code(&e) as i32,
-                error_message: e.to_string(),
+                error_message: e.detail(),
                 coordinator_id: self.shared.node_id,
                 ..Default::default()
             });

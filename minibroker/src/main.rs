@@ -559,25 +559,68 @@ async fn produce(config: ClientConfig, args: ProduceArgs, json: bool) -> anyhow:
             }
             let per_txn = args.per_txn.max(1);
             let mut n = 0;
-            while n < args.records {
-                txns += 1;
-                producer.begin_transaction()?;
-                let end = (n + per_txn).min(args.records);
-                for i in n..end {
-                    producer
-                        .send(&args.topic, partition_of(i), value(i))
-                        .await?;
+            let outcome: Result<(), producer_client::Error> = async {
+                while n < args.records {
+                    txns += 1;
+                    producer.begin_transaction()?;
+                    let end = (n + per_txn).min(args.records);
+                    for i in n..end {
+                        producer
+                            .send(&args.topic, partition_of(i), value(i))
+                            .await?;
+                    }
+                    if args.abort_every > 0 && txns % args.abort_every == 0 {
+                        producer.abort_transaction().await?;
+                        aborted += end - n;
+                        aborted_txns += 1;
+                    } else {
+                        producer.commit_transaction().await?;
+                        committed += end - n;
+                    }
+                    n = end;
+                    progress(n);
                 }
-                if args.abort_every > 0 && txns % args.abort_every == 0 {
-                    producer.abort_transaction().await?;
-                    aborted += end - n;
-                    aborted_txns += 1;
+                Ok(())
+            }
+            .await;
+            if let Err(error) = outcome {
+                // What an application does with a failed transaction: abort it. For a zombie
+                // (its epoch is older than the current one) the abort is what reveals the
+                // fence: the coordinator answers PRODUCER_FENCED.
+                let first = error.to_string();
+                let error = if error.is_abortable() {
+                    match producer.abort_transaction().await {
+                        Err(abort_error) if abort_error.is_fatal() => abort_error,
+                        _ => error,
+                    }
                 } else {
-                    producer.commit_transaction().await?;
-                    committed += end - n;
+                    error
+                };
+                let fenced = error.is_fatal();
+                let (pid, epoch) = (producer.producer_id(), producer.epoch());
+                let sentence = match (fenced, first == error.to_string()) {
+                    (true, true) => format!(
+                        "{id} was fenced by a newer instance (PID {pid} epoch {epoch} is stale): {error}; stopping without committing"
+                    ),
+                    (true, false) => format!(
+                        "{id} was fenced by a newer instance (PID {pid} epoch {epoch} is stale): {first}; the abort that followed got {error}; stopping without committing"
+                    ),
+                    (false, _) => format!("{id}: the transaction failed and was aborted: {first}"),
+                };
+                if json {
+                    println!(
+                        "{}",
+                        json!({"topic": args.topic, "transactional": true,
+                            "records_committed": committed, "records_aborted": aborted,
+                            "transactions": txns, "transactions_aborted": aborted_txns,
+                            "producer_id": producer.producer_id(),
+                            "producer_epoch": producer.epoch(),
+                            "error": error.code_name(), "fenced": fenced,
+                            "seconds": started.elapsed().as_secs_f64()})
+                    );
                 }
-                n = end;
-                progress(n);
+                eprintln!("error: {sentence}");
+                return Ok(ExitCode::FAILURE);
             }
             (pid, epoch) = (producer.producer_id(), producer.epoch());
         }
