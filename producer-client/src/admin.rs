@@ -17,7 +17,7 @@ use proto::{
 };
 
 use crate::config::ClientConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WireError};
 use crate::net::{ClusterMetadata, Connections};
 use crate::produce::{self, RecordMetadata};
 use crate::transactional::coordinator_rpc;
@@ -60,8 +60,8 @@ impl Admin {
                     Duration::ZERO,
                     client.list_transactions(request),
                 )
-                .await?;
-            Error::check(response.error_code, &response.error_message)?;
+                .await?
+                .checked()?;
             out.extend(
                 response
                     .transactions
@@ -141,8 +141,8 @@ impl Admin {
                 Duration::ZERO,
                 client.describe_producers(request),
             )
-            .await?;
-        Error::check(response.error_code, &response.error_message)?;
+            .await?
+            .checked()?;
         Ok(response.producers)
     }
 
@@ -164,8 +164,8 @@ impl Admin {
             let r = self
                 .conn
                 .rpc(&leader.address, Duration::ZERO, client.fetch(request))
-                .await?;
-            Error::check(r.error_code, &r.error_message)?;
+                .await?
+                .checked()?;
             out.insert(partition, (r.high_watermark, r.last_stable_offset));
         }
         Ok(out)

@@ -18,7 +18,7 @@ use futures::FutureExt;
 use proto::{CoordinatorKeyType, FetchRequest, IsolationLevel, OffsetFetchRequest};
 
 use crate::config::ClientConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WireError};
 use crate::net::{Connections, NodeAddr};
 use crate::transactional::coordinator_rpc;
 
@@ -232,7 +232,7 @@ impl Consumer {
                     Ok(mut client) => conn
                         .rpc(&leader.address, wait, client.fetch(request))
                         .await
-                        .and_then(|r| Error::check(r.error_code, &r.error_message).map(|()| r)),
+                        .and_then(WireError::checked),
                     Err(e) => Err(e),
                 };
                 (tp, result)

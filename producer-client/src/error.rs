@@ -191,6 +191,40 @@ impl Error {
     }
 }
 
+/// Responses that carry an `error_code` and `error_message`.
+pub(crate) trait WireError: Sized {
+    fn error(&self) -> (i32, &str);
+
+    /// The response itself if its code is NONE, else its error ([`Error::check`]).
+    fn checked(self) -> Result<Self> {
+        let (code, message) = self.error();
+        Error::check(code, message)?;
+        Ok(self)
+    }
+}
+
+macro_rules! wire_error {
+    ($($t:ty),*) => {$(
+        impl WireError for $t {
+            fn error(&self) -> (i32, &str) {
+                (self.error_code, &self.error_message)
+            }
+        }
+    )*};
+}
+wire_error!(
+    proto::InitProducerIdResponse,
+    proto::AddPartitionsToTxnResponse,
+    proto::AddOffsetsToTxnResponse,
+    proto::TxnOffsetCommitResponse,
+    proto::EndTxnResponse,
+    proto::OffsetFetchResponse,
+    proto::ListTransactionsResponse,
+    proto::ProduceResponse,
+    proto::FetchResponse,
+    proto::DescribeProducersResponse
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

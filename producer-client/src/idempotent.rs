@@ -16,7 +16,7 @@ use cluster::TopicPartition;
 use proto::InitProducerIdRequest;
 
 use crate::config::ClientConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WireError};
 use crate::net::Connections;
 use crate::partitioner::Target;
 use crate::produce::{self, RecordMetadata};
@@ -75,7 +75,7 @@ impl IdempotentProducer {
                         client.init_producer_id(request),
                     )
                     .await
-                    .and_then(|r| Error::check(r.error_code, &r.error_message).map(|()| r));
+                    .and_then(WireError::checked);
                 match result {
                     Ok(r) => {
                         self.producer_id = r.producer_id;

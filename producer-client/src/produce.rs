@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use cluster::TopicPartition;
 use proto::{ProduceRequest, Record, RecordBatch};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WireError};
 use crate::net::Connections;
 use crate::partitioner::{partition_for_key, Target};
 
@@ -124,7 +124,7 @@ pub(crate) async fn produce(
         let result = conn
             .rpc(&leader.address, Duration::ZERO, client.produce(request))
             .await
-            .and_then(|r| Error::check(r.error_code, &r.error_message).map(|()| r));
+            .and_then(WireError::checked);
         match result {
             Ok(r) => {
                 tracing::debug!(%tp, pid = batch.producer_id, epoch = batch.producer_epoch,

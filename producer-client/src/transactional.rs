@@ -29,34 +29,10 @@ use proto::{
 use tonic::transport::Channel;
 
 use crate::config::ClientConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WireError};
 use crate::net::{Connections, NodeAddr};
 use crate::partitioner::Target;
 use crate::produce::{self, RecordMetadata};
-
-/// Responses that carry an `error_code` and `error_message`.
-pub(crate) trait WireError {
-    fn error(&self) -> (i32, &str);
-}
-
-macro_rules! wire_error {
-    ($($t:ty),*) => {$(
-        impl WireError for $t {
-            fn error(&self) -> (i32, &str) {
-                (self.error_code, &self.error_message)
-            }
-        }
-    )*};
-}
-wire_error!(
-    proto::InitProducerIdResponse,
-    proto::AddPartitionsToTxnResponse,
-    proto::AddOffsetsToTxnResponse,
-    proto::TxnOffsetCommitResponse,
-    proto::EndTxnResponse,
-    proto::OffsetFetchResponse,
-    proto::ListTransactionsResponse
-);
 
 /// Sends `request` to the coordinator of `key` (found and cached in `coordinator`), retrying
 /// retriable errors with backoff and looking the coordinator up again when it moved or died.
@@ -88,10 +64,7 @@ where
         let result = conn
             .rpc(&node.address, Duration::ZERO, call(client, request.clone()))
             .await
-            .and_then(|r| {
-                let (code, message) = r.error();
-                Error::check(code, message).map(|()| r)
-            });
+            .and_then(WireError::checked);
         match result {
             Ok(r) => return Ok(r),
             Err(e) if e.is_retriable() => {
