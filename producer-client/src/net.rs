@@ -136,37 +136,48 @@ impl Connections {
         key: &str,
         key_type: CoordinatorKeyType,
     ) -> Result<NodeAddr> {
+        let what = format!("FindCoordinator({key})");
+        self.ask_any_node(&what, |address| async move {
+            let request = FindCoordinatorRequest {
+                key: key.to_string(),
+                key_type: key_type as i32,
+            };
+            let mut client = self.cluster(&address)?;
+            let r = self
+                .rpc(&address, Duration::ZERO, client.find_coordinator(request))
+                .await?;
+            Error::check(r.error_code, &r.error_message)?;
+            Ok(NodeAddr {
+                node_id: r.node_id,
+                address: r.address,
+            })
+        })
+        .await
+    }
+
+    /// Asks the discovery addresses ([`Connections::discovery_addresses`]) in turn until one
+    /// answers. A retriable error moves on to the next address; after a round without an answer
+    /// the client backs off and asks them all again. Any other error is returned at once.
+    async fn ask_any_node<T, F, Fut>(&self, what: &str, ask: F) -> Result<T>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
         let mut backoff = self.backoff();
         loop {
             let mut last = None;
             for address in self.discovery_addresses() {
-                let request = FindCoordinatorRequest {
-                    key: key.to_string(),
-                    key_type: key_type as i32,
-                };
-                let mut client = self.cluster(&address)?;
-                match self
-                    .rpc(&address, Duration::ZERO, client.find_coordinator(request))
-                    .await
-                {
-                    Ok(r) => match Error::check(r.error_code, &r.error_message) {
-                        Ok(()) => {
-                            return Ok(NodeAddr {
-                                node_id: r.node_id,
-                                address: r.address,
-                            })
-                        }
-                        Err(e) if e.is_retriable() => last = Some(e),
-                        Err(e) => return Err(e),
-                    },
-                    Err(e) => last = Some(e),
+                match ask(address).await {
+                    Ok(answer) => return Ok(answer),
+                    Err(e) if e.is_retriable() => last = Some(e),
+                    Err(e) => return Err(e),
                 }
             }
             let err = last.unwrap_or_else(|| Error::Config("no bootstrap address".into()));
             if !backoff.wait().await {
                 return Err(err);
             }
-            tracing::debug!(%key, error = %err, "FindCoordinator failed; retrying");
+            tracing::debug!(%what, error = %err, "no node answered; retrying");
         }
     }
 
@@ -198,56 +209,44 @@ impl Connections {
 
     /// Fetches the metadata from any reachable node, retried with backoff.
     pub async fn refresh_metadata(&self) -> Result<Arc<ClusterMetadata>> {
-        let mut backoff = self.backoff();
-        loop {
-            let mut last = None;
-            for address in self.discovery_addresses() {
-                let mut client = self.cluster(&address)?;
-                match self
-                    .rpc(
-                        &address,
-                        Duration::ZERO,
-                        client.metadata(MetadataRequest { topics: vec![] }),
-                    )
-                    .await
-                {
-                    Ok(r) => {
-                        let node = |n: &proto::NodeEndpoint| NodeAddr {
-                            node_id: n.node_id,
-                            address: n.address.clone(),
-                        };
-                        let metadata = Arc::new(ClusterMetadata {
-                            coordinators: r.coordinators.iter().map(node).collect(),
-                            leaders: r.leaders.iter().map(node).collect(),
-                            topics: r
-                                .topics
-                                .iter()
-                                .filter(|t| t.error_code == 0)
-                                .map(|t| {
-                                    let mut parts = t.partitions.clone();
-                                    parts.sort_by_key(|p| p.partition);
-                                    let leaders = parts
-                                        .iter()
-                                        .map(|p| NodeAddr {
-                                            node_id: p.leader_id,
-                                            address: p.leader_address.clone(),
-                                        })
-                                        .collect();
-                                    (t.name.clone(), leaders)
-                                })
-                                .collect(),
-                        });
-                        *self.metadata.lock().expect("metadata poisoned") = Some(metadata.clone());
-                        return Ok(metadata);
-                    }
-                    Err(e) => last = Some(e),
-                }
-            }
-            let err = last.unwrap_or_else(|| Error::Config("no bootstrap address".into()));
-            if !backoff.wait().await {
-                return Err(err);
-            }
-        }
+        self.ask_any_node("Metadata", |address| async move {
+            let mut client = self.cluster(&address)?;
+            let r = self
+                .rpc(
+                    &address,
+                    Duration::ZERO,
+                    client.metadata(MetadataRequest { topics: vec![] }),
+                )
+                .await?;
+            let node = |n: &proto::NodeEndpoint| NodeAddr {
+                node_id: n.node_id,
+                address: n.address.clone(),
+            };
+            let metadata = Arc::new(ClusterMetadata {
+                coordinators: r.coordinators.iter().map(node).collect(),
+                leaders: r.leaders.iter().map(node).collect(),
+                topics: r
+                    .topics
+                    .iter()
+                    .filter(|t| t.error_code == 0)
+                    .map(|t| {
+                        let mut parts = t.partitions.clone();
+                        parts.sort_by_key(|p| p.partition);
+                        let leaders = parts
+                            .iter()
+                            .map(|p| NodeAddr {
+                                node_id: p.leader_id,
+                                address: p.leader_address.clone(),
+                            })
+                            .collect();
+                        (t.name.clone(), leaders)
+                    })
+                    .collect(),
+            });
+            *self.metadata.lock().expect("metadata poisoned") = Some(metadata.clone());
+            Ok(metadata)
+        })
+        .await
     }
 
     /// The leader address of `topic`/`partition`, or UNKNOWN_TOPIC_OR_PARTITION.
