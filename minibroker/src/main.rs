@@ -178,7 +178,11 @@ struct ProduceArgs {
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum IsolationArg {
+    /// Kafka's `read_committed` (also accepted with the underscore).
+    #[value(alias = "read_committed")]
     ReadCommitted,
+    /// Kafka's `read_uncommitted` (also accepted with the underscore).
+    #[value(alias = "read_uncommitted")]
     ReadUncommitted,
 }
 

@@ -144,6 +144,21 @@ async fn commands_work_against_a_running_cluster() {
     ])
     .await;
     assert_eq!(all.lines().count(), 34, "{all}");
+    // Kafka's spelling of the isolation levels is accepted too.
+    let kafka_spelling = run(&[
+        "consume",
+        "--from-beginning",
+        "--isolation",
+        "read_committed",
+    ])
+    .await;
+    let sorted = |text: &str| {
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    };
+    // Partitions are polled concurrently, so only the set of records is compared.
+    assert_eq!(sorted(&kafka_spelling), sorted(&committed));
 
     let list = run(&["transactions", "list"]).await;
     let list: serde_json::Value = serde_json::from_str(list.trim()).unwrap();
