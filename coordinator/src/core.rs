@@ -488,6 +488,23 @@ pub enum TxnError {
 }
 
 impl TxnError {
+    /// The Kafka name of the error code (what golden scripts and logs print).
+    pub fn name(&self) -> &'static str {
+        match self {
+            TxnError::InvalidRequest(_) => "INVALID_REQUEST",
+            TxnError::InvalidTransactionTimeout(_) => "INVALID_TRANSACTION_TIMEOUT",
+            TxnError::ConcurrentTransactions(_) => "CONCURRENT_TRANSACTIONS",
+            TxnError::ProducerFenced(_) => "PRODUCER_FENCED",
+            TxnError::InvalidProducerIdMapping(_) => "INVALID_PRODUCER_ID_MAPPING",
+            TxnError::InvalidProducerEpoch(_) => "INVALID_PRODUCER_EPOCH",
+            TxnError::InvalidTxnState(_) => "INVALID_TXN_STATE",
+            TxnError::UnknownTopicOrPartition(_) => "UNKNOWN_TOPIC_OR_PARTITION",
+            TxnError::TransactionTimedOut(_) => "TRANSACTION_TIMED_OUT",
+            TxnError::TransactionCoordinatorFenced(_) => "TRANSACTION_COORDINATOR_FENCED",
+            TxnError::NeedProducerId => "NEED_PRODUCER_ID",
+        }
+    }
+
     /// The human detail without the error's name: what travels as `error_message` next to the
     /// code (the code already names the error; clients print their own name for it).
     pub fn detail(&self) -> String {
@@ -1296,19 +1313,7 @@ mod tests {
     }
 
     fn err_name(e: &TxnError) -> &'static str {
-        match e {
-            TxnError::InvalidRequest(_) => "INVALID_REQUEST",
-            TxnError::InvalidTransactionTimeout(_) => "INVALID_TRANSACTION_TIMEOUT",
-            TxnError::ConcurrentTransactions(_) => "CONCURRENT_TRANSACTIONS",
-            TxnError::ProducerFenced(_) => "PRODUCER_FENCED",
-            TxnError::InvalidProducerIdMapping(_) => "INVALID_PRODUCER_ID_MAPPING",
-            TxnError::InvalidProducerEpoch(_) => "INVALID_PRODUCER_EPOCH",
-            TxnError::InvalidTxnState(_) => "INVALID_TXN_STATE",
-            TxnError::UnknownTopicOrPartition(_) => "UNKNOWN_TOPIC_OR_PARTITION",
-            TxnError::TransactionTimedOut(_) => "TRANSACTION_TIMED_OUT",
-            TxnError::TransactionCoordinatorFenced(_) => "TRANSACTION_COORDINATOR_FENCED",
-            TxnError::NeedProducerId => "NEED_PRODUCER_ID",
-        }
+        e.name()
     }
 
     /// Builds a world in each state, with the current identity.

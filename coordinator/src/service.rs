@@ -1382,6 +1382,21 @@ mod tests {
             ErrorCode::InvalidProducerEpoch
         );
         assert_eq!(p(TxnError::NeedProducerId), ErrorCode::UnknownServerError);
+        // The core's names for its errors are the wire code's names.
+        for e in [
+            TxnError::InvalidRequest(String::new()),
+            TxnError::InvalidTransactionTimeout(String::new()),
+            TxnError::ConcurrentTransactions(String::new()),
+            TxnError::ProducerFenced(String::new()),
+            TxnError::InvalidProducerIdMapping(String::new()),
+            TxnError::InvalidProducerEpoch(String::new()),
+            TxnError::InvalidTxnState(String::new()),
+            TxnError::UnknownTopicOrPartition(String::new()),
+            TxnError::TransactionTimedOut(String::new()),
+            TxnError::TransactionCoordinatorFenced(String::new()),
+        ] {
+            assert_eq!(e.name(), p(e.clone()).as_str_name());
+        }
         assert_eq!(
             error_code(&Error::NotCoordinator("x".into())),
             ErrorCode::NotCoordinator

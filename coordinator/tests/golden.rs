@@ -54,19 +54,7 @@ fn parse_pair(s: &str) -> ProducerIdAndEpoch {
 }
 
 fn code(e: &TxnError) -> &'static str {
-    match e {
-        TxnError::InvalidRequest(_) => "INVALID_REQUEST",
-        TxnError::InvalidTransactionTimeout(_) => "INVALID_TRANSACTION_TIMEOUT",
-        TxnError::ConcurrentTransactions(_) => "CONCURRENT_TRANSACTIONS",
-        TxnError::ProducerFenced(_) => "PRODUCER_FENCED",
-        TxnError::InvalidProducerIdMapping(_) => "INVALID_PRODUCER_ID_MAPPING",
-        TxnError::InvalidProducerEpoch(_) => "INVALID_PRODUCER_EPOCH",
-        TxnError::InvalidTxnState(_) => "INVALID_TXN_STATE",
-        TxnError::UnknownTopicOrPartition(_) => "UNKNOWN_TOPIC_OR_PARTITION",
-        TxnError::TransactionTimedOut(_) => "TRANSACTION_TIMED_OUT",
-        TxnError::TransactionCoordinatorFenced(_) => "TRANSACTION_COORDINATOR_FENCED",
-        TxnError::NeedProducerId => "NEED_PRODUCER_ID",
-    }
+    e.name()
 }
 
 fn describe(m: &TxnMetadata) -> String {
