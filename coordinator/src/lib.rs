@@ -27,44 +27,9 @@
 //! same marker twice changes nothing.
 
 pub mod core;
+mod error;
 pub mod service;
 pub mod storage;
 
+pub use error::{error_code, Error};
 pub use service::{serve, serve_with_storage, CoordinatorConfig};
-
-/// The coordinator library's error: protocol decisions plus I/O, storage and transport.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The id or group is owned by another coordinator (NOT_COORDINATOR).
-    #[error("not the coordinator of {0:?}")]
-    NotCoordinator(String),
-    /// State is still being loaded after a start (COORDINATOR_LOAD_IN_PROGRESS).
-    #[error("coordinator is loading its state")]
-    CoordinatorLoadInProgress,
-    /// A protocol decision (mapped to an error code on the wire).
-    #[error(transparent)]
-    Protocol(#[from] core::TxnError),
-    /// The storage engine failed.
-    #[error("storage: {0}")]
-    Storage(#[from] storage::StorageError),
-    /// The gRPC server failed.
-    #[error("transport: {0}")]
-    Transport(#[from] tonic::transport::Error),
-    /// Bad configuration (e.g. this node is not a coordinator in the topology).
-    #[error("configuration: {0}")]
-    Config(String),
-    /// An I/O error.
-    #[error("io: {0}")]
-    Io(#[from] std::io::Error),
-}
-
-impl Error {
-    /// The human detail that travels as `error_message`: without the error's name for protocol
-    /// decisions (the code names them), the full text for everything else.
-    pub fn detail(&self) -> String {
-        match self {
-            Error::Protocol(e) => e.detail(),
-            other => other.to_string(),
-        }
-    }
-}

@@ -204,7 +204,7 @@ pub struct ProducerIdAndEpoch {
 
 impl ProducerIdAndEpoch {
     /// A pair.
-    pub fn new(producer_id: ProducerId, epoch: ProducerEpoch) -> Self {
+    pub const fn new(producer_id: ProducerId, epoch: ProducerEpoch) -> Self {
         Self { producer_id, epoch }
     }
 }
