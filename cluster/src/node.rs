@@ -91,12 +91,18 @@ pub async fn shutdown_signal() {
 /// to `wait`) until no previous instance holds sled's lock file. Blocking: call it through
 /// [`blocking`].
 pub fn open_sled(dir: &Path, wait: Duration) -> std::io::Result<sled::Db> {
-    std::fs::create_dir_all(dir)?;
-    wait_until_unlocked(dir, wait)?;
+    prepare_sled_dir(dir, wait)?;
     sled::Config::new()
         .path(dir)
         .open()
         .map_err(std::io::Error::other)
+}
+
+/// What [`open_sled`] does before opening, for a store that opens sled itself: creates `dir`
+/// and waits (up to `wait`) until no previous instance holds sled's lock file. Blocking.
+pub fn prepare_sled_dir(dir: &Path, wait: Duration) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    wait_until_unlocked(dir, wait)
 }
 
 /// Closes a sled-backed store for good: waits (up to `wait`) until `store` is the last

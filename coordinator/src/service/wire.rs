@@ -21,6 +21,9 @@ pub(super) struct Caller {
     pub(super) producer: ProducerIdAndEpoch,
 }
 
+/// The offsets of a TxnOffsetCommit, in request order.
+pub(super) type CommitOffsets = Vec<(TopicPartition, i64)>;
+
 /// A decoded InitProducerId of a transactional producer.
 pub(super) struct InitProducerId {
     pub(super) id: String,
@@ -89,7 +92,7 @@ pub(super) fn add_offsets(
 /// TxnOffsetCommit: the caller, the group and its offsets (non-negative).
 pub(super) fn txn_offset_commit(
     request: proto::TxnOffsetCommitRequest,
-) -> Result<(Caller, String, Vec<(TopicPartition, i64)>), Error> {
+) -> Result<(Caller, String, CommitOffsets), Error> {
     let caller = caller(
         request.transactional_id,
         request.producer_id,
