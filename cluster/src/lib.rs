@@ -12,9 +12,16 @@
 //!   leaders (WriteTxnMarkers) and group coordinators (WriteGroupOffsetMarker).
 //!
 //! What may go where: this crate holds what is the same on every node and has no node state.
-//! A rule that two nodes apply the same way (a fencing decision, an error's class) lives here
-//! as a pure function; plumbing both nodes need around their cores lives in [`node`]. Protocol
-//! state machines stay in their nodes' cores.
+//! A rule that two nodes apply the same way (a fencing decision) lives here as a pure function;
+//! plumbing both nodes need around their cores lives in [`node`]. Protocol state machines stay
+//! in their nodes' cores; the wire error table (names and classes of codes) is the `proto`
+//! crate's `ErrorCode`.
+//!
+//! One marker walked through: a coordinator's marker writer sends WriteTxnMarkers; the leader's
+//! core reads the PID's recorded epoch and generation and asks [`marker_fence::check`]; a
+//! refusal comes back as INVALID_PRODUCER_EPOCH or TRANSACTION_COORDINATOR_FENCED, an accepted
+//! marker is written by the leader's shell on [`node::blocking`] and answered NONE. A group
+//! marker to a group coordinator goes through the same [`marker_fence::check`].
 
 pub mod marker_fence;
 pub mod node;

@@ -993,6 +993,10 @@ impl Lcg {
 /// completion against one id. After every step: only the current pair may add or end; a PID's
 /// epochs never go down; markers carry an epoch above every epoch that wrote in the
 /// transaction; a decided transaction completes with its decision; rotated PIDs are fresh.
+///
+/// One piece on purpose: the invariants are checked between every two random steps against
+/// state the whole loop carries (epochs seen per PID, epochs that wrote in the open
+/// transaction), so splitting it would only pass that state around.
 #[test]
 fn random_interleavings_keep_the_invariants() {
     // (accepted writes, marker checks, rotations, timeouts, commits completed)

@@ -2,7 +2,7 @@
 //!
 //! Rooms (one file per job; each may touch only what is listed):
 //! - this file: configuration, [`serve`] / [`serve_with_storage`] (open, load, serve, stop),
-//!   and [`Shared`], the state every room works on, with its task and stop plumbing.
+//!   and `Shared`, the state every room works on, with its task and stop plumbing.
 //! - `wire`: proto -> domain (input checks: ids 1..=255 bytes, epochs in [0, 32767], lists of at
 //!   most [`MAX_LIST_LEN`] entries; INVALID_REQUEST, nothing stored) and domain -> proto.
 //!   Pure functions; no state, no I/O.
