@@ -6,7 +6,25 @@
 //! Modules:
 //! - [`topology`]: the topology file, its validation, and Kafka-compatible id routing.
 //! - [`service`]: the `Cluster` gRPC service over a topology.
+//! - [`node`]: node plumbing both node kinds share (clock, blocking pool, TCP_NODELAY listener,
+//!   stop signal, opening and closing sled with its lock file, poison-tolerant locks).
+//! - [`marker_fence`]: the one fencing rule for transaction markers, applied by partition
+//!   leaders (WriteTxnMarkers) and group coordinators (WriteGroupOffsetMarker).
+//!
+//! What may go where: this crate holds what is the same on every node and has no node state.
+//! A rule that two nodes apply the same way (a fencing decision) lives here as a pure function;
+//! plumbing both nodes need around their cores lives in [`node`]. Protocol state machines stay
+//! in their nodes' cores; the wire error table (names and classes of codes) is the `proto`
+//! crate's `ErrorCode`.
+//!
+//! One marker walked through: a coordinator's marker writer sends WriteTxnMarkers; the leader's
+//! core reads the PID's recorded epoch and generation and asks [`marker_fence::check`]; a
+//! refusal comes back as INVALID_PRODUCER_EPOCH or TRANSACTION_COORDINATOR_FENCED, an accepted
+//! marker is written by the leader's shell on [`node::blocking`] and answered NONE. A group
+//! marker to a group coordinator goes through the same [`marker_fence::check`].
 
+pub mod marker_fence;
+pub mod node;
 pub mod service;
 pub mod topology;
 
@@ -17,6 +35,11 @@ pub use topology::{state_partition_for, Node, NodeId, Topic, Topology, TopologyE
 pub type ProducerId = i64;
 /// A producer epoch; only ever grows for a PID. `-1` means none.
 pub type ProducerEpoch = i16;
+
+/// "No producer id" (Kafka's `NO_PRODUCER_ID`), on the wire and in storage.
+pub const NO_PRODUCER_ID: ProducerId = -1;
+/// "No epoch" (Kafka's `NO_PRODUCER_EPOCH`).
+pub const NO_PRODUCER_EPOCH: ProducerEpoch = -1;
 
 /// Longest transactional id or group id accepted anywhere (bytes).
 pub const MAX_ID_LEN: usize = 255;

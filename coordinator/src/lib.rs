@@ -1,70 +1,54 @@
 //! The mini-broker transaction coordinator (issue 2; PROTOCOL.md sections 1-8).
 //!
-//! Modules:
-//! - [`core`]: the pure state machine. Per transactional id, [`core::TxnMetadata`]; per request
-//!   a function returning what to persist, which markers to send and the reply.
-//! - [`storage`]: a small [`storage::Storage`] trait with a sled engine (trees
-//!   `__transaction_state`, `__consumer_offsets`, `__group_marker_state`, `__coordinator_meta`)
-//!   and an in-memory engine.
-//! - [`service`]: the tonic shell: [`serve`], proto <-> domain, routing and input checks,
-//!   per-id serialisation, markers to partition leaders, recovery on start, the timeout scan.
+//! The crate is laid out in rooms, one job each. Where a change goes:
 //!
-//! One request, EndTxn(COMMIT), walked through: the `service` checks the input (id length,
-//! epoch range) and that this node owns the id (`topology.coordinator_for`), takes the id's lock,
-//! calls [`core::end_txn`], which answers with new metadata (PrepareCommit, epoch + 1) and a
-//! [`core::MarkerJob`]; the shell makes the metadata durable through [`storage::Storage`], replies
-//! OK with the bumped (PID, epoch), and spawns the marker writer: WriteTxnMarkers to every leader
-//! in parallel (and WriteGroupOffsetMarker to each group's coordinator), retried with backoff until
-//! acknowledged; then [`core::complete_markers`] moves the id to CompleteCommit, which is
-//! persisted too. A crash between the two writes leaves PrepareCommit on disk; the next start
-//! re-sends the markers and completes the commit.
+//! | room | file | what it may touch |
+//! |------|------|-------------------|
+//! | protocol rules | [`core`] (`core/mod.rs`: stored types, [`core::TxnError`] and its wire code, [`core::Outcome`]) | nothing but its arguments: no tonic, tokio, sled, clock or randomness |
+//! | per-request transitions | `core/txn.rs` ([`core::init_producer_id`], [`core::end_txn`], [`core::check_producer`], ...) | the same |
+//! | marker decisions | `core/markers.rs` ([`core::MarkerJob`], [`core::marker_reply`], [`core::complete_markers`]) | the same |
+//! | group markers received | `core/group.rs` ([`core::write_group_marker`] over [`cluster::marker_fence`]) | the same |
+//! | PID allocation | `core/pid.rs` ([`core::PidAllocator`]) | the same |
+//! | durable state | [`storage`]: the [`storage::Storage`] trait, sled and in-memory engines | its sled trees only |
+//! | errors | `error.rs`: [`Error`], and [`error_code`], the one map to wire codes | nothing |
+//! | start and stop | `service/mod.rs`: [`serve`], [`CoordinatorConfig`], shared state, tasks | opens and closes storage through [`cluster::node`] |
+//! | proto <-> domain | `service/wire.rs`: input checks and conversions | nothing (pure) |
+//! | gRPC handlers | `service/grpc.rs`: decode, call one room, encode | nothing else |
+//! | per-id state | `service/state.rs`: routing, per-id locks, transitions made durable, load, timeout scan | `__transaction_state`, the PID block, the generation |
+//! | marker writer | `service/markers.rs`: the one deliver-with-backoff loop | peers over gRPC; completes through `state` |
+//! | group coordinator | `service/groups.rs`: group markers received, OffsetFetch | `__consumer_offsets`, `__group_marker_state` |
+//!
+//! A new protocol rule goes into `core` (with its unit test beside it, and a golden script in
+//! `testdata/` if it is a scenario); a new request field into `wire`; a new RPC into `grpc` plus
+//! one method in the room that owns its state. Plumbing both node kinds share (clock, blocking
+//! pool, listener, sled lifecycle) belongs in [`cluster::node`], never here.
+//!
+//! One request, EndTxn(COMMIT), walked through the rooms: `grpc` receives it and asks `wire` to
+//! decode it (id length, epoch range, known result: INVALID_REQUEST otherwise, nothing stored);
+//! `state` checks that this node owns the id (`topology.coordinator_for`, else NOT_COORDINATOR)
+//! and has loaded (else COORDINATOR_LOAD_IN_PROGRESS), takes the id's lock and calls
+//! [`core::end_txn`], which answers with new metadata (PrepareCommit, epoch + 1) and a
+//! [`core::MarkerJob`]; `state` makes the metadata durable through [`storage::Storage`] and
+//! hands the job to `markers`; `grpc` replies OK with the bumped (PID, epoch), its error (if
+//! any) mapped by [`error_code`]. In the background, `markers` sends WriteTxnMarkers to every
+//! leader in parallel (and WriteGroupOffsetMarker to each group's coordinator, which is `groups`
+//! on that node), asks [`core::marker_reply`] what each answer means (acknowledged, retry, or
+//! stop) and retries with backoff until acknowledged; then [`core::complete_markers`] moves the
+//! id to CompleteCommit, which `state` persists too. A crash between the two writes leaves
+//! PrepareCommit on disk; the next start (`state`'s load) re-sends the markers and completes the
+//! commit.
 //!
 //! The group's coordinator fences each WriteGroupOffsetMarker the way a partition leader fences
-//! WriteTxnMarkers ([`core::write_group_marker`]): per group it records the epoch last applied
-//! per PID and the highest generation seen per sending coordinator, so a late COMMIT of an older
-//! transaction (INVALID_PRODUCER_EPOCH) or from an older incarnation of the transaction
-//! coordinator (TRANSACTION_COORDINATOR_FENCED) never moves committed offsets backwards, and the
-//! same marker twice changes nothing.
+//! WriteTxnMarkers: both apply [`cluster::marker_fence::check`]. Per group it records the epoch
+//! last applied per PID and the highest generation seen per sending coordinator, so a late
+//! COMMIT of an older transaction (INVALID_PRODUCER_EPOCH) or from an older incarnation of the
+//! transaction coordinator (TRANSACTION_COORDINATOR_FENCED) never moves committed offsets
+//! backwards, and the same marker twice changes nothing.
 
 pub mod core;
+mod error;
 pub mod service;
 pub mod storage;
 
+pub use error::{error_code, Error};
 pub use service::{serve, serve_with_storage, CoordinatorConfig};
-
-/// The coordinator library's error: protocol decisions plus I/O, storage and transport.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The id or group is owned by another coordinator (NOT_COORDINATOR).
-    #[error("not the coordinator of {0:?}")]
-    NotCoordinator(String),
-    /// State is still being loaded after a start (COORDINATOR_LOAD_IN_PROGRESS).
-    #[error("coordinator is loading its state")]
-    CoordinatorLoadInProgress,
-    /// A protocol decision (mapped to an error code on the wire).
-    #[error(transparent)]
-    Protocol(#[from] core::TxnError),
-    /// The storage engine failed.
-    #[error("storage: {0}")]
-    Storage(#[from] storage::StorageError),
-    /// The gRPC server failed.
-    #[error("transport: {0}")]
-    Transport(#[from] tonic::transport::Error),
-    /// Bad configuration (e.g. this node is not a coordinator in the topology).
-    #[error("configuration: {0}")]
-    Config(String),
-    /// An I/O error.
-    #[error("io: {0}")]
-    Io(#[from] std::io::Error),
-}
-
-impl Error {
-    /// The human detail that travels as `error_message`: without the error's name for protocol
-    /// decisions (the code names them), the full text for everything else.
-    pub fn detail(&self) -> String {
-        match self {
-            Error::Protocol(e) => e.detail(),
-            other => other.to_string(),
-        }
-    }
-}

@@ -26,7 +26,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use cluster::{NodeId, ProducerEpoch, ProducerId, TopicPartition};
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -118,11 +117,11 @@ pub struct SledStorage {
 }
 
 impl SledStorage {
-    /// Opens (or creates) the database in `dir`, first waiting (up to [`LOCK_WAIT`]) for a
-    /// previous instance in this process to release sled's lock file.
+    /// Opens (or creates) the database in `dir` ([`cluster::node::open_sled`]: creates the
+    /// directory and first waits, up to [`cluster::node::SLED_LOCK_WAIT`], for a previous
+    /// instance to release sled's lock file). Blocking: the service calls it on the blocking pool.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StorageError> {
-        wait_until_unlocked(dir.as_ref(), LOCK_WAIT)?;
-        let db = sled::Config::new().path(dir.as_ref()).open()?;
+        let db = cluster::node::open_sled(dir.as_ref(), cluster::node::SLED_LOCK_WAIT)?;
         Ok(Self {
             txns: db.open_tree(TXN_STATE_TREE)?,
             offsets: db.open_tree(GROUP_OFFSETS_TREE)?,
@@ -146,41 +145,6 @@ impl SledStorage {
                     reason: format!("{} bytes, expected 8", v.len()),
                 }
             })?)),
-        }
-    }
-}
-
-/// How long [`SledStorage::open`] and [`wait_until_unlocked`] wait for sled's lock.
-pub const LOCK_WAIT: Duration = Duration::from_secs(10);
-
-/// Waits until nobody holds sled's exclusive lock on `dir/db` (or `timeout` passed).
-///
-/// Why: dropping the last `sled::Db` does not release the lock at once; sled's background
-/// threads still hold the file for a moment, so an immediate reopen in the same process (a
-/// restart in tests, `EmbeddedCluster`) can fail with "could not acquire lock". This polls the
-/// same `flock` sled takes, with a deadline.
-pub fn wait_until_unlocked(dir: &Path, timeout: Duration) -> Result<(), StorageError> {
-    use fs2::FileExt;
-    let path = dir.join("db");
-    let deadline = Instant::now() + timeout;
-    loop {
-        let file = match std::fs::OpenOptions::new().read(true).open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e.into()),
-        };
-        match file.try_lock_exclusive() {
-            Ok(()) => {
-                file.unlock()?;
-                return Ok(());
-            }
-            Err(e) if Instant::now() >= deadline => {
-                return Err(StorageError::Io(std::io::Error::new(
-                    e.kind(),
-                    format!("{} is still locked after {timeout:?}: {e}", path.display()),
-                )))
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
 }

@@ -53,6 +53,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use cluster::marker_fence::{self, Decision, Fenced};
 use cluster::{ProducerEpoch, ProducerId};
 use serde::{Deserialize, Serialize};
 
@@ -64,8 +65,8 @@ pub const PRODUCER_WINDOW: usize = 5;
 /// Bytes charged per record on top of key and value when sizing a batch.
 pub const RECORD_OVERHEAD_BYTES: usize = 16;
 
-/// "No producer id": a plain, non-idempotent producer.
-pub const NO_PRODUCER_ID: ProducerId = -1;
+/// "No producer id": a plain, non-idempotent producer (the cluster-wide constant).
+pub use cluster::NO_PRODUCER_ID;
 
 /// "No coordinator generation yet" (no marker seen for the PID).
 pub const NO_GENERATION: i64 = -1;
@@ -678,20 +679,24 @@ impl PartitionState {
             high_watermark: base_offset,
         };
         let current = self.producers.get(&pid);
-        if let Some(state) = current {
-            if epoch < state.epoch {
-                return Err(Error::InvalidProducerEpoch(format!(
-                    "marker for producer {pid} has epoch {epoch}, older than the current {}",
-                    state.epoch
-                )));
-            }
-            if m.coordinator_generation < state.coordinator_generation {
-                return Err(Error::TransactionCoordinatorFenced(format!(
-                    "marker for producer {pid} is from coordinator generation {}, older than {}",
-                    m.coordinator_generation, state.coordinator_generation
-                )));
-            }
-        }
+        // The fencing decision is the cluster-wide marker rule (shared with group markers).
+        let recorded = marker_fence::Recorded {
+            producer_epoch: current.map(|s| s.epoch),
+            coordinator_generation: current.map(|s| s.coordinator_generation),
+        };
+        let decision = marker_fence::check(recorded, epoch, m.coordinator_generation).map_err(
+            |fenced| match fenced {
+                Fenced::InvalidProducerEpoch { recorded, .. } => Error::InvalidProducerEpoch(
+                    format!("marker for producer {pid} has epoch {epoch}, older than the current {recorded}"),
+                ),
+                Fenced::CoordinatorFenced { recorded, .. } => {
+                    Error::TransactionCoordinatorFenced(format!(
+                        "marker for producer {pid} is from coordinator generation {}, older than {recorded}",
+                        m.coordinator_generation
+                    ))
+                }
+            },
+        )?;
         let mut next = current.cloned().unwrap_or(ProducerState {
             epoch,
             batches: VecDeque::new(),
@@ -699,7 +704,7 @@ impl PartitionState {
             coordinator_generation: NO_GENERATION,
             last_update_ms: now_ms,
         });
-        let raises_epoch = current.is_none_or(|s| epoch > s.epoch);
+        let raises_epoch = decision == Decision::Apply;
         match current.and_then(|s| s.txn_first_offset) {
             Some(first) if raises_epoch => {
                 next.epoch = epoch;
@@ -740,7 +745,7 @@ impl PartitionState {
             }
             _ => {
                 // Same epoch: a repeat of the marker that ended the previous transaction.
-                if next.coordinator_generation < m.coordinator_generation {
+                if decision == Decision::RecordGeneration {
                     next.coordinator_generation = m.coordinator_generation;
                     next.last_update_ms = now_ms;
                     return Ok(Plan {

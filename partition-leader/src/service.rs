@@ -26,8 +26,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use cluster::node;
 use cluster::{NodeId, TopicPartition, Topology};
 use proto::partition_leader_server::{PartitionLeader, PartitionLeaderServer};
 use proto::{
@@ -100,16 +101,12 @@ impl LeaderConfig {
     }
 }
 
-/// Unix time in milliseconds: the `now_ms` handed to the core.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+/// Unix time in milliseconds: the `now_ms` handed to the core ([`cluster::node::now_ms`]).
+pub use cluster::node::now_ms;
 
+/// A storage call on the blocking pool ([`cluster::node::blocking`]).
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
+    node::blocking(f)
         .await
         .map_err(|e| Error::Internal(format!("storage task failed: {e}")))?
 }
@@ -130,7 +127,7 @@ struct Partition {
 
 impl Partition {
     fn state(&self) -> std::sync::MutexGuard<'_, PartitionState> {
-        self.state.lock().expect("partition state poisoned")
+        node::lock(&self.state)
     }
 
     /// KAFKA_STORAGE_ERROR once the partition went offline.
@@ -650,40 +647,28 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let dir = config.data_dir.clone();
-    let storage = Arc::new(blocking(move || crate::storage::SledStorage::open(dir)).await?);
+    let open_dir = dir.clone();
+    let storage = Arc::new(
+        blocking(move || {
+            // Waits (bounded) for a previous instance to release sled's lock file.
+            node::prepare_sled_dir(&open_dir, node::SLED_LOCK_WAIT)
+                .map_err(|e| Error::Storage(e.to_string()))?;
+            crate::storage::SledStorage::open(open_dir)
+        })
+        .await?,
+    );
     let verifier = Arc::new(crate::verify::GrpcVerifier::new(
         config.topology.clone(),
         VERIFY_TIMEOUT,
     ));
     let result = serve_with(config, storage.clone(), verifier, listener, shutdown).await;
-    // Wait (bounded) for stragglers holding the storage, then flush and close sled.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Arc::strong_count(&storage) > 1 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    if Arc::strong_count(&storage) > 1 {
-        warn!("storage still referenced at shutdown; closing it anyway");
-    }
-    let flushed = blocking(move || {
-        storage.flush()?;
-        drop(storage);
-        Ok(())
-    })
-    .await;
-    result.and(flushed)
-}
-
-/// Accepted connections with `TCP_NODELAY` set: tonic only sets it on listeners it binds
-/// itself, and without it a one-record Produce waits for Nagle + delayed ACK on every reply.
-fn incoming(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
-        let conn = conn?;
-        conn.set_nodelay(true)?;
-        Ok(conn)
-    })
+    let flushing = storage.clone();
+    let flushed = blocking(move || flushing.flush()).await;
+    // Waits (bounded) for stragglers holding the storage, then closes sled and its lock file.
+    let closed = node::close_sled(storage, dir, node::SLED_LOCK_WAIT)
+        .await
+        .map_err(|e| Error::Storage(e.to_string()));
+    result.and(flushed).and(closed)
 }
 
 /// [`serve`] over any storage engine and verifier (tests use the in-memory engine or a fake
@@ -717,7 +702,7 @@ pub async fn serve_with(
     tonic::transport::Server::builder()
         .add_service(cluster::ClusterService::new(topology).into_server())
         .add_service(service.into_server())
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(node::incoming(listener), shutdown)
         .await?;
     info!(node_id, "partition leader stopped");
     Ok(())

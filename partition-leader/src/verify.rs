@@ -84,7 +84,7 @@ impl GrpcVerifier {
     }
 
     fn client(&self, address: &str) -> Result<TransactionCoordinatorClient<Channel>> {
-        let mut clients = self.clients.lock().expect("client cache poisoned");
+        let mut clients = cluster::node::lock(&self.clients);
         if let Some(c) = clients.get(address) {
             return Ok(c.clone());
         }

@@ -104,15 +104,11 @@ impl Error {
 
     /// Retriable: transient; the client retries these itself with backoff.
     pub fn is_retriable(&self) -> bool {
-        matches!(
-            self,
-            Error::NotCoordinator(_)
-                | Error::CoordinatorLoadInProgress(_)
-                | Error::ConcurrentTransactions(_)
-                | Error::CoordinatorNotAvailable(_)
-                | Error::NotLeader(_)
-                | Error::Transport { .. }
-        )
+        match self {
+            Error::Transport { .. } => true,
+            // The class of a code is the wire table's (`ErrorCode::is_retriable`).
+            other => other.code().is_some_and(ErrorCode::is_retriable),
+        }
     }
 
     /// Whether recovering from this abortable error needs a new epoch (KIP-360): the leaders'

@@ -1,0 +1,263 @@
+//! The group coordinator's side of section 7: a WriteGroupOffsetMarker is fenced per group by
+//! the same rule a partition leader applies to WriteTxnMarkers ([`cluster::marker_fence`]), and
+//! [`write_group_marker`] says what an accepted marker writes.
+
+use cluster::marker_fence::{self, Decision, Fenced};
+use cluster::{NodeId, ProducerEpoch, ProducerId};
+
+use super::{PendingOffsets, TxnError, TxnResult};
+
+/// A WriteGroupOffsetMarker as the group's coordinator receives it: the end of a transaction
+/// that included the group, sent by the transaction's coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupMarker {
+    /// The consumer group.
+    pub group_id: String,
+    /// The transaction's PID.
+    pub producer_id: ProducerId,
+    /// The bumped epoch the transaction ended with (unique and increasing per PID, because
+    /// every transaction ends with a bump).
+    pub epoch: ProducerEpoch,
+    /// COMMIT or ABORT.
+    pub result: TxnResult,
+    /// The offsets to make visible (COMMIT only; ignored for ABORT).
+    pub offsets: PendingOffsets,
+    /// The sending transaction coordinator.
+    pub coordinator_id: NodeId,
+    /// The sender's generation (bumped at each of its starts).
+    pub coordinator_generation: i64,
+}
+
+/// What the group's coordinator has recorded, for one group, about a marker's sender: the
+/// fencing state [`write_group_marker`] checks a marker against (the shared
+/// [`cluster::marker_fence::Recorded`]).
+pub type GroupMarkerFence = marker_fence::Recorded;
+
+/// What an accepted group marker writes, atomically and durably before the reply: the
+/// offsets (empty for an ABORT or a repeat) and the new fencing state of the marker's PID
+/// and coordinator in the group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupMarkerWrite {
+    /// The consumer group.
+    pub group_id: String,
+    /// Offsets to commit (other partitions of the group keep theirs).
+    pub offsets: PendingOffsets,
+    /// The PID whose epoch is recorded.
+    pub producer_id: ProducerId,
+    /// The epoch to record for `producer_id`.
+    pub producer_epoch: ProducerEpoch,
+    /// The coordinator whose generation is recorded.
+    pub coordinator_id: NodeId,
+    /// The generation to record for `coordinator_id`.
+    pub coordinator_generation: i64,
+}
+
+/// The group coordinator's fencing of a group marker, the way a partition leader fences
+/// WriteTxnMarkers (PROTOCOL.md section 9), checked in the same order, before anything is
+/// written:
+///
+/// | marker vs. recorded for this group            | reply                          | writes |
+/// |-----------------------------------------------|--------------------------------|--------|
+/// | negative PID, epoch or generation             | INVALID_REQUEST                | nothing |
+/// | epoch below the PID's recorded epoch          | INVALID_PRODUCER_EPOCH         | nothing |
+/// | generation below the coordinator's recorded   | TRANSACTION_COORDINATOR_FENCED | nothing |
+/// | epoch equal (the same marker again)           | NONE                           | only a higher generation, no offsets |
+/// | epoch above, or a PID never seen              | NONE                           | COMMIT: offsets; both: epoch + generation |
+///
+/// Why this is enough: every transaction ends with an epoch bump, so each transaction's
+/// marker carries an epoch no earlier marker of its PID had, and a PID's next transaction
+/// cannot end before this one's markers were all acknowledged. A late COMMIT of an older
+/// transaction therefore always has a lower epoch than what the group already applied, and
+/// cannot move its offsets backwards. Equal epoch with another result or other offsets cannot
+/// happen (one transaction, one decision); it is answered as a repeat all the same.
+pub fn write_group_marker(
+    fence: &GroupMarkerFence,
+    marker: GroupMarker,
+) -> Result<Option<GroupMarkerWrite>, TxnError> {
+    let GroupMarker {
+        group_id,
+        producer_id,
+        epoch,
+        result,
+        offsets,
+        coordinator_id,
+        coordinator_generation,
+    } = marker;
+    if producer_id < 0 || epoch < 0 || coordinator_generation < 0 {
+        return Err(TxnError::InvalidRequest(format!(
+            "group marker with producer {producer_id}, epoch {epoch}, generation \
+             {coordinator_generation}: none may be negative"
+        )));
+    }
+    let recorded = |fenced| match fenced {
+        Fenced::InvalidProducerEpoch { recorded, .. } => TxnError::InvalidProducerEpoch(format!(
+            "group {group_id:?}: marker for producer {producer_id} has epoch {epoch}, older \
+             than the {recorded} already applied"
+        )),
+        Fenced::CoordinatorFenced { recorded, .. } => {
+            TxnError::TransactionCoordinatorFenced(format!(
+                "group {group_id:?}: marker from coordinator {coordinator_id} generation \
+                 {coordinator_generation}, older than {recorded}"
+            ))
+        }
+    };
+    let offsets = match marker_fence::check(*fence, epoch, coordinator_generation) {
+        Err(fenced) => return Err(recorded(fenced)),
+        Ok(Decision::Nothing) => return Ok(None),
+        Ok(Decision::RecordGeneration) => PendingOffsets::new(),
+        Ok(Decision::Apply) => match result {
+            TxnResult::Commit => offsets,
+            TxnResult::Abort => PendingOffsets::new(),
+        },
+    };
+    Ok(Some(GroupMarkerWrite {
+        group_id,
+        offsets,
+        producer_id,
+        producer_epoch: epoch,
+        coordinator_id,
+        coordinator_generation,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use cluster::TopicPartition;
+
+    use super::*;
+
+    // ---- group markers: one test per row of `write_group_marker` ---------------------------
+
+    fn group_marker(pid: ProducerId, epoch: ProducerEpoch, generation: i64) -> GroupMarker {
+        GroupMarker {
+            group_id: "g".into(),
+            producer_id: pid,
+            epoch,
+            result: TxnResult::Commit,
+            offsets: [(TopicPartition::new("t", 0), 42)].into(),
+            coordinator_id: 1,
+            coordinator_generation: generation,
+        }
+    }
+
+    fn fence(epoch: Option<ProducerEpoch>, generation: Option<i64>) -> GroupMarkerFence {
+        GroupMarkerFence {
+            producer_epoch: epoch,
+            coordinator_generation: generation,
+        }
+    }
+
+    #[test]
+    fn group_marker_first_commit_writes_offsets_epoch_and_generation() {
+        let write = write_group_marker(&fence(None, None), group_marker(7, 3, 2))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            write,
+            GroupMarkerWrite {
+                group_id: "g".into(),
+                offsets: [(TopicPartition::new("t", 0), 42)].into(),
+                producer_id: 7,
+                producer_epoch: 3,
+                coordinator_id: 1,
+                coordinator_generation: 2,
+            }
+        );
+    }
+
+    #[test]
+    fn group_marker_newer_epoch_applies() {
+        let write = write_group_marker(&fence(Some(3), Some(2)), group_marker(7, 4, 2))
+            .unwrap()
+            .unwrap();
+        assert_eq!(write.offsets.len(), 1);
+        assert_eq!((write.producer_epoch, write.coordinator_generation), (4, 2));
+        // A newer generation is adopted with it.
+        let write = write_group_marker(&fence(Some(3), Some(2)), group_marker(7, 4, 5))
+            .unwrap()
+            .unwrap();
+        assert_eq!(write.coordinator_generation, 5);
+    }
+
+    #[test]
+    fn group_marker_abort_records_the_epoch_but_writes_no_offsets() {
+        let mut marker = group_marker(7, 4, 2);
+        marker.result = TxnResult::Abort;
+        let write = write_group_marker(&fence(Some(3), Some(2)), marker)
+            .unwrap()
+            .unwrap();
+        assert!(write.offsets.is_empty());
+        assert_eq!((write.producer_epoch, write.coordinator_generation), (4, 2));
+    }
+
+    #[test]
+    fn group_marker_older_epoch_is_invalid_producer_epoch() {
+        for result in [TxnResult::Commit, TxnResult::Abort] {
+            let mut marker = group_marker(7, 2, 9);
+            marker.result = result;
+            assert!(matches!(
+                write_group_marker(&fence(Some(3), Some(2)), marker),
+                Err(TxnError::InvalidProducerEpoch(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn group_marker_older_generation_is_coordinator_fenced() {
+        // Even for a PID the group never saw, and for an equal epoch.
+        for f in [fence(None, Some(5)), fence(Some(3), Some(5))] {
+            assert!(matches!(
+                write_group_marker(&f, group_marker(7, 3, 4)),
+                Err(TxnError::TransactionCoordinatorFenced(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn group_marker_epoch_is_checked_before_generation() {
+        // Both older: the leader's order (PROTOCOL.md section 9), epoch first.
+        assert!(matches!(
+            write_group_marker(&fence(Some(3), Some(5)), group_marker(7, 2, 4)),
+            Err(TxnError::InvalidProducerEpoch(_))
+        ));
+    }
+
+    #[test]
+    fn group_marker_repeat_is_a_no_op() {
+        assert_eq!(
+            write_group_marker(&fence(Some(3), Some(2)), group_marker(7, 3, 2)),
+            Ok(None)
+        );
+        // Also with another result or other offsets: one epoch, one transaction.
+        let mut marker = group_marker(7, 3, 2);
+        marker.result = TxnResult::Abort;
+        assert_eq!(
+            write_group_marker(&fence(Some(3), Some(2)), marker),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn group_marker_repeat_from_a_newer_generation_records_only_the_generation() {
+        // A restarted coordinator re-sends the marker of a transaction it found in Prepare*.
+        let write = write_group_marker(&fence(Some(3), Some(2)), group_marker(7, 3, 3))
+            .unwrap()
+            .unwrap();
+        assert!(write.offsets.is_empty(), "a repeat never rewrites offsets");
+        assert_eq!((write.producer_epoch, write.coordinator_generation), (3, 3));
+    }
+
+    #[test]
+    fn group_marker_negative_values_are_invalid_requests() {
+        for marker in [
+            group_marker(-1, 0, 1),
+            group_marker(7, -1, 1),
+            group_marker(7, 0, -1),
+        ] {
+            assert!(matches!(
+                write_group_marker(&GroupMarkerFence::default(), marker),
+                Err(TxnError::InvalidRequest(_))
+            ));
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The group room: this node as the coordinator of consumer groups. The receiving side of
+//! group markers (fenced by [`core::write_group_marker`] over the shared
+//! [`cluster::marker_fence`] rule) and OffsetFetch. The only room that writes
+//! `__consumer_offsets` and `__group_marker_state`.
+
+use std::sync::Arc;
+
+use cluster::node::lock;
+use cluster::TopicPartition;
+use tracing::{debug, warn};
+
+use super::{wire, Shared};
+use crate::core::{self, GroupMarker};
+use crate::Error;
+
+impl Shared {
+    /// The lock of `group` (created on first use; see the module docs of `service`).
+    fn group_lock(&self, group: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.groups)
+            .entry(group.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// The group coordinator's side of a group marker: fence it against what the group
+    /// recorded ([`core::write_group_marker`]); if accepted, make its offsets (COMMIT) and its
+    /// epoch and generation durable before answering.
+    pub(super) async fn write_group_marker(&self, marker: GroupMarker) -> Result<(), Error> {
+        self.check_owner(&marker.group_id)?;
+        let lock = self.group_lock(&marker.group_id);
+        // Held across the read and the write on purpose: a second marker for this group must
+        // be checked against the fence the first one writes.
+        let _guard = lock.lock().await;
+        let (group, pid, coordinator) = (
+            marker.group_id.clone(),
+            marker.producer_id,
+            marker.coordinator_id,
+        );
+        let fence = {
+            let group = group.clone();
+            self.blocking(move |s| s.group_marker_fence(&group, pid, coordinator))
+                .await?
+        };
+        let (epoch, generation, result) =
+            (marker.epoch, marker.coordinator_generation, marker.result);
+        match core::write_group_marker(&fence, marker) {
+            Err(e) => {
+                warn!(%group, pid, epoch, coordinator, generation, ?result,
+                      recorded_epoch = ?fence.producer_epoch,
+                      recorded_generation = ?fence.coordinator_generation,
+                      error = %e, "group marker refused");
+                Err(Error::Protocol(e))
+            }
+            Ok(None) => {
+                debug!(%group, pid, epoch, coordinator, generation, "group marker repeated; nothing to write");
+                Ok(())
+            }
+            Ok(Some(write)) => {
+                let offsets = write.offsets.len();
+                self.blocking(move |s| s.apply_group_marker(&write)).await?;
+                debug!(%group, pid, epoch, coordinator, generation, ?result, offsets, "group marker applied");
+                Ok(())
+            }
+        }
+    }
+
+    /// OffsetFetch: the committed offsets of `group` for `partitions` (-1 where none), or all of
+    /// them when `partitions` is empty.
+    pub(super) async fn offset_fetch(
+        &self,
+        group: String,
+        partitions: Vec<TopicPartition>,
+    ) -> Result<Vec<proto::PartitionOffset>, Error> {
+        self.check_owner(&group)?;
+        let committed = self.blocking(move |st| st.group_offsets(&group)).await?;
+        if partitions.is_empty() {
+            return Ok(wire::offsets(&committed));
+        }
+        Ok(partitions
+            .into_iter()
+            .map(|tp| proto::PartitionOffset {
+                offset: committed.get(&tp).copied().unwrap_or(-1),
+                topic: tp.topic,
+                partition: tp.partition,
+            })
+            .collect())
+    }
+}

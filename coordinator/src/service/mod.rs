@@ -1,0 +1,332 @@
+//! The tonic shell around [`crate::core`]: [`serve`] and the `TransactionCoordinator` service.
+//!
+//! Rooms (one file per job; each may touch only what is listed):
+//! - this file: configuration, [`serve`] / [`serve_with_storage`] (open, load, serve, stop),
+//!   and `Shared`, the state every room works on, with its task and stop plumbing.
+//! - `wire`: proto -> domain (input checks: ids 1..=255 bytes, epochs in [0, 32767], lists of at
+//!   most [`MAX_LIST_LEN`] entries; INVALID_REQUEST, nothing stored) and domain -> proto.
+//!   Pure functions; no state, no I/O.
+//! - `grpc`: the gRPC handlers. Each only decodes (`wire`), calls one `Shared` method, and
+//!   encodes the reply with the error mapped by [`crate::error_code`] (mini-redis's
+//!   `Handler::run` shape).
+//! - `state`: the per-id state: routing checks (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS),
+//!   the per-id locks, PID allocation, running a core transition and persisting its outcome,
+//!   loading at start, and the timeout scan. The only room that writes `__transaction_state`.
+//! - `markers`: the marker writer: sends what a [`crate::core::MarkerJob`] owes to leaders and
+//!   group coordinators through ONE deliver-with-backoff loop, asks the core what each reply
+//!   means ([`crate::core::marker_reply`]), and completes the transaction.
+//! - `groups`: the receiving side of group markers and OffsetFetch: the only room that writes
+//!   `__consumer_offsets` and `__group_marker_state`.
+//!
+//! Serialisation: one `tokio::sync::Mutex` per transactional id (a map of them behind a std
+//! `Mutex` that is never held across `.await`). Holding the per-id lock across the sled write is
+//! the point: it orders every transition of an id after the previous one is durable. Requests
+//! for one id queue on it for the milliseconds of a write instead of being refused (see the core's
+//! module docs). The PID allocator has its own tokio lock, held across the PID-block write so no
+//! PID is handed out before its block is durable (lock order: id, then allocator).
+//!
+//! Markers (PROTOCOL.md section 7): per decided transaction a task sends WriteTxnMarkers to each
+//! leader (partitions grouped per leader, leaders in parallel) and WriteGroupOffsetMarker to each
+//! group's coordinator (this node short-circuits locally), retrying with exponential backoff
+//! (`marker_retry_backoff` doubling up to 32x) until every partition answers NONE; then it
+//! persists Complete*. Permanent marker errors, the same for a partition's leader and a group's
+//! coordinator: TRANSACTION_COORDINATOR_FENCED means a newer incarnation of this coordinator
+//! exists, so this one stops and never completes the transaction; INVALID_PRODUCER_EPOCH (the
+//! leader or group already holds a newer epoch for the PID) is logged and counted as
+//! acknowledged for an ABORT (nothing can become visible), while for a COMMIT the writer stops
+//! and leaves PrepareCommit, so a commit that was not written is never completed (the next
+//! start tries again). Every other error is retried. The rule is [`crate::core::marker_reply`].
+//!
+//! For a group, INVALID_PRODUCER_EPOCH on a COMMIT cannot reach a live writer: the group only
+//! records an epoch above this marker's once a later transaction of the same PID ended, and that
+//! transaction could not start before this one was Complete*, i.e. before this marker was
+//! acknowledged. Seeing it means a stale writer (e.g. a paused older incarnation) or lost
+//! storage; stopping (logged at error, PrepareCommit kept) is the choice that can never complete
+//! a commit whose offsets were not written, at the price of a transaction left in PrepareCommit
+//! (retried at each start) for an operator to look at. Treating it as acknowledged ("something
+//! newer committed, so ours must have") would rest on that argument alone; it is kept identical
+//! to the leader case instead, so the rule has one statement.
+//!
+//! Group markers on the receiving side (this node coordinates the group): per group, one
+//! `tokio::sync::Mutex` (held across the read of the fence and the sled write: serialising the
+//! two is the point), [`crate::core::write_group_marker`] decides, and an accepted marker's
+//! offsets and fence are written in one durable storage call before the reply. A marker to a
+//! group this node owns short-circuits to that same path, so local and remote markers are fenced
+//! alike.
+//!
+//! Start: open sled on the blocking pool ([`cluster::node::open_sled`], waiting for a previous
+//! instance's lock file), serve at once (answering COORDINATOR_LOAD_IN_PROGRESS), bump and
+//! persist the generation, load the owned ids, re-send the markers of every Prepare*, then start
+//! the timeout scan (every `timeout_scan_interval`). Stop: stop accepting, let tonic drain the
+//! connections, stop and join every background task, flush, and close sled
+//! ([`cluster::node::close_sled`]: its lock file is released when [`serve`] returns).
+//!
+//! CAVEATS: DescribeTransactions answers INVALID_PRODUCER_ID_MAPPING for an unknown id (Kafka's
+//! TRANSACTIONAL_ID_NOT_FOUND is not in the proto); ids and group locks are never expired from
+//! memory; a marker writer stopped by a permanent error leaves its id in Prepare*
+//! (CONCURRENT_TRANSACTIONS) until the next start retries it; a coordinator whose data directory
+//! is lost restarts at generation 1 and is then fenced by every group (and leader) that saw it
+//! at a higher generation.
+
+mod groups;
+mod grpc;
+mod markers;
+mod state;
+mod wire;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cluster::node::{self, lock};
+use cluster::{ClusterService, NodeId, Topology};
+use proto::transaction_coordinator_server::TransactionCoordinatorServer;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tonic::transport::Channel;
+use tracing::{error, info};
+
+use crate::core::{PidAllocator, TxnMetadata};
+use crate::storage::{SledStorage, Storage, StorageError};
+use crate::Error;
+
+pub use crate::error::error_code;
+pub use wire::MAX_LIST_LEN;
+
+/// How to run a coordinator.
+#[derive(Clone, Debug)]
+pub struct CoordinatorConfig {
+    /// This node's id (must be a coordinator in the topology).
+    pub node_id: NodeId,
+    /// Where the sled database lives (tree `__transaction_state`).
+    pub data_dir: std::path::PathBuf,
+    /// The cluster.
+    pub topology: Arc<Topology>,
+    /// How often Ongoing transactions are checked against their timeout (default 1s).
+    pub timeout_scan_interval: Duration,
+    /// First backoff between marker retries (default 100ms; doubles up to 32x).
+    pub marker_retry_backoff: Duration,
+    /// Largest transaction timeout accepted (default [`cluster::MAX_TRANSACTION_TIMEOUT_MS`]).
+    pub max_transaction_timeout_ms: i32,
+}
+
+impl CoordinatorConfig {
+    /// A config with the defaults.
+    pub fn new(
+        node_id: NodeId,
+        data_dir: impl Into<std::path::PathBuf>,
+        topology: Arc<Topology>,
+    ) -> Self {
+        Self {
+            node_id,
+            data_dir: data_dir.into(),
+            topology,
+            timeout_scan_interval: Duration::from_secs(1),
+            marker_retry_backoff: Duration::from_millis(100),
+            max_transaction_timeout_ms: cluster::MAX_TRANSACTION_TIMEOUT_MS,
+        }
+    }
+
+    /// This node's index among the coordinators, or a configuration error.
+    fn coordinator_index(&self) -> Result<usize, Error> {
+        self.topology
+            .coordinator_index(self.node_id)
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "node {} is not a coordinator in the topology",
+                    self.node_id
+                ))
+            })
+    }
+}
+
+/// Serves Cluster + TransactionCoordinator on an already bound listener until `shutdown`
+/// resolves. Opens sled in `config.data_dir`, bumps and persists the coordinator generation,
+/// loads state (answering COORDINATOR_LOAD_IN_PROGRESS meanwhile), completes Prepare*
+/// transactions, runs the timeout scan. Returns after shutdown with sled flushed and closed
+/// (the directory can be reopened at once).
+pub async fn serve(
+    config: CoordinatorConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    config.coordinator_index()?;
+    let dir = config.data_dir.clone();
+    let open_dir = dir.clone();
+    let storage = node::blocking(move || SledStorage::open(open_dir))
+        .await
+        .map_err(|e| StorageError::Task(e.to_string()))??;
+    let storage: Arc<dyn Storage> = Arc::new(storage);
+    let result = serve_with_storage(config, storage.clone(), listener, shutdown).await;
+    // Every task was joined: this is the last reference, and closing it releases the lock file.
+    node::close_sled(storage, dir, node::SLED_LOCK_WAIT)
+        .await
+        .map_err(StorageError::Io)?;
+    result
+}
+
+/// [`serve`] over any [`Storage`] (e.g. [`crate::storage::MemoryStorage`]); `config.data_dir` is
+/// ignored. Flushes the storage before returning.
+pub async fn serve_with_storage(
+    config: CoordinatorConfig,
+    storage: Arc<dyn Storage>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let topology = config.topology.clone();
+    let index = config.coordinator_index()?;
+    let (stop, _) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        node_id: config.node_id,
+        coordinator_index: index,
+        topology: topology.clone(),
+        config,
+        storage,
+        generation: AtomicI64::new(-1),
+        loaded: AtomicBool::new(false),
+        txns: Mutex::new(HashMap::new()),
+        groups: Mutex::new(HashMap::new()),
+        pids: tokio::sync::Mutex::new(None),
+        channels: Mutex::new(HashMap::new()),
+        stop,
+        tasks: Mutex::new(JoinSet::new()),
+    });
+
+    // Whoever stops first (the caller's shutdown, or a failed load) stops everything.
+    let stop_tx = shared.stop.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let mut server_stop = shared.stop.subscribe();
+    let server = tonic::transport::Server::builder()
+        .add_service(ClusterService::new(topology).into_server())
+        .add_service(TransactionCoordinatorServer::new(
+            grpc::CoordinatorService::new(shared.clone()),
+        ))
+        .serve_with_incoming_shutdown(node::incoming(listener), async move {
+            let _ = server_stop.wait_for(|stopped| *stopped).await;
+        });
+    let server = tokio::spawn(server);
+
+    let loaded = shared.load().await;
+    if let Err(e) = &loaded {
+        error!(node_id = shared.node_id, error = %e, "loading transaction state failed; stopping");
+        let _ = shared.stop.send(true);
+    } else {
+        let scan = shared.clone();
+        shared.spawn(async move { scan.timeout_scan().await });
+    }
+
+    let served = match server.await {
+        Ok(served) => served.map_err(Error::from),
+        Err(e) => Err(Error::Config(format!("server task failed: {e}"))),
+    };
+    let _ = shared.stop.send(true);
+    shared.join_tasks().await;
+    let flushed = shared.blocking(|s| s.flush()).await;
+    info!(node_id = shared.node_id, "coordinator stopped");
+    loaded?;
+    served?;
+    flushed?;
+    Ok(())
+}
+
+/// The metadata slot of one transactional id, behind its own lock.
+type Slot = Arc<tokio::sync::Mutex<Option<TxnMetadata>>>;
+
+/// State shared by the gRPC handlers and the background tasks.
+struct Shared {
+    node_id: NodeId,
+    coordinator_index: usize,
+    topology: Arc<Topology>,
+    config: CoordinatorConfig,
+    storage: Arc<dyn Storage>,
+    generation: AtomicI64,
+    loaded: AtomicBool,
+    /// Per-id metadata, each behind its own lock (see the module docs).
+    txns: Mutex<HashMap<String, Slot>>,
+    /// Per-group locks serialising the group markers this node applies (see the module docs).
+    groups: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// `None` until loaded.
+    pids: tokio::sync::Mutex<Option<PidAllocator>>,
+    /// One lazily connected channel per peer address.
+    channels: Mutex<HashMap<String, Channel>>,
+    /// `true` once the coordinator is stopping.
+    stop: watch::Sender<bool>,
+    /// Marker writers and the timeout scan.
+    tasks: Mutex<JoinSet<()>>,
+}
+
+impl Shared {
+    fn generation(&self) -> i64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut tasks = lock(&self.tasks);
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(task);
+    }
+
+    /// Joins every background task; a task spawned while joining (e.g. by the last timeout
+    /// scan) sees `stop` and ends at once, and is joined by the next round, so no task outlives
+    /// `serve` holding the storage open.
+    async fn join_tasks(&self) {
+        loop {
+            let mut tasks = std::mem::take(&mut *lock(&self.tasks));
+            if tasks.is_empty() {
+                break;
+            }
+            while tasks.join_next().await.is_some() {}
+        }
+    }
+
+    /// Sleeps for `d`; true if the coordinator started stopping meanwhile.
+    async fn sleep_or_stop(&self, d: Duration) -> bool {
+        let mut stop = self.stop.subscribe();
+        tokio::select! {
+            _ = tokio::time::sleep(d) => self.stopping(),
+            _ = stop.wait_for(|s| *s) => true,
+        }
+    }
+
+    /// Runs a storage call on the blocking pool.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Storage) -> Result<T, StorageError> + Send + 'static,
+    ) -> Result<T, StorageError> {
+        let storage = self.storage.clone();
+        node::blocking(move || f(storage.as_ref()))
+            .await
+            .map_err(|e| StorageError::Task(e.to_string()))?
+    }
+}
+
+/// Exponential backoff for the background retries (marker delivery, persisting completion):
+/// `marker_retry_backoff` doubling up to 32x.
+struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(first: Duration) -> Self {
+        Self {
+            next: first,
+            max: first * 32,
+        }
+    }
+
+    /// Waits the current backoff and doubles it; true if the coordinator started stopping.
+    async fn wait(&mut self, shared: &Shared) -> bool {
+        let stopped = shared.sleep_or_stop(self.next).await;
+        self.next = (self.next * 2).min(self.max);
+        stopped
+    }
+}
