@@ -105,6 +105,14 @@ enum Command {
     Process(ProcessArgs),
     /// Benchmark the transactional producer against the idempotent one.
     Bench(BenchArgs),
+    /// Run a Jepsen-style fault run (SIGKILL, SIGSTOP, zombie producers) and check exactly-once.
+    Chaos(minibroker::chaos::cli::ChaosArgs),
+    /// One chaos producer instance (started by `chaos`).
+    #[command(hide = true)]
+    ChaosWorker(minibroker::chaos::cli::WorkerArgs),
+    /// Run one cluster node in this process.
+    #[command(hide = true)]
+    Node(minibroker::node::NodeArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -381,6 +389,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     stats.records, stats.transactions, stats.aborted
                 );
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Chaos(args) => minibroker::chaos::cli::chaos(args, json).await,
+        Command::ChaosWorker(args) => minibroker::chaos::cli::worker(args).await,
+        Command::Node(args) => {
+            minibroker::node::run(args, minibroker::node::shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => {
