@@ -192,7 +192,10 @@ async fn transactions(
                 .send(&args.topic, work.partition_of(i), work.value(i))
                 .await?;
         }
-        if args.abort_every > 0 && tally.txns % args.abort_every == 0 {
+        // `is_multiple_of` is newer than the workspace's rust-version (1.85).
+        #[allow(clippy::manual_is_multiple_of)]
+        let abort = args.abort_every > 0 && tally.txns % args.abort_every == 0;
+        if abort {
             producer.abort_transaction().await?;
             tally.aborted += end - n;
             tally.aborted_txns += 1;

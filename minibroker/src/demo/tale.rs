@@ -89,7 +89,7 @@ impl Tale<'_> {
         });
     }
 
-    /// 1. A initialises.
+    /// Step 1: A initialises.
     async fn a_starts(&mut self) -> anyhow::Result<TransactionalProducer> {
         self.story
             .step("Instance A starts: FindCoordinator, then InitProducerId(\"demo-app\")");
@@ -108,7 +108,7 @@ impl Tale<'_> {
         Ok(a)
     }
 
-    /// 2. A commits some transactions.
+    /// Step 2: A commits some transactions.
     async fn a_commits(
         &mut self,
         a: &mut TransactionalProducer,
@@ -142,7 +142,7 @@ impl Tale<'_> {
         Ok(())
     }
 
-    /// 3. A opens a transaction and stalls; returns the (PID, epoch) it holds.
+    /// Step 3: A opens a transaction and stalls; returns the (PID, epoch) it holds.
     async fn a_stalls(&mut self, a: &mut TransactionalProducer) -> anyhow::Result<(i64, i16)> {
         self.story.step(
             "A opens a transaction, writes to input-0 and input-1 ... and stalls (a long GC pause)",
@@ -160,7 +160,7 @@ impl Tale<'_> {
         Ok((zombie_pid, zombie_epoch))
     }
 
-    /// 4. B starts with the same id.
+    /// Step 4: B starts with the same id.
     async fn b_starts(
         &mut self,
         a_pid: i64,
@@ -189,7 +189,7 @@ impl Tale<'_> {
         Ok(b)
     }
 
-    /// 5. B opens its transaction; returns what it wrote (committed in step 7).
+    /// Step 5: B opens its transaction; returns what it wrote (committed in step 7).
     async fn b_writes(
         &mut self,
         b: &mut TransactionalProducer,
@@ -208,7 +208,7 @@ impl Tale<'_> {
         Ok(b_values)
     }
 
-    /// 6. A wakes up: its requests (each must be rejected), then its own library's reaction.
+    /// Step 6: A wakes up: its requests (each must be rejected), then its own library's reaction.
     async fn a_wakes_up(
         &mut self,
         a: &mut TransactionalProducer,
@@ -326,7 +326,7 @@ impl Tale<'_> {
         );
     }
 
-    /// 7. B commits; waits until the markers are written. Returns B's (PID, epoch) after.
+    /// Step 7: B commits; waits until the markers are written. Returns B's (PID, epoch) after.
     async fn b_commits(
         &mut self,
         b: &mut TransactionalProducer,
@@ -358,7 +358,7 @@ impl Tale<'_> {
         Ok(b_after_commit)
     }
 
-    /// 8. Reads every partition from the beginning, read_committed and read_uncommitted, and
+    /// Step 8: Reads every partition from the beginning, read_committed and read_uncommitted, and
     /// checks what read_committed saw against what was written.
     async fn verify(&mut self) -> anyhow::Result<RecordCounts> {
         self.story.step(

@@ -2,8 +2,9 @@
 //! 1. [`duplicate`]: one of the PID's last batches again;
 //! 2. [`check_epoch`]: fencing, an older epoch is a zombie;
 //! 3. [`check_sequence`]: the next sequence (0 after a new epoch);
-//! 4 and 5. [`check_txn_state`]: a batch that opens a transaction needs verification, a new
-//!    epoch cannot join an old open transaction, a plain batch cannot interleave with one.
+//! 4. [`check_txn_state`], checks 4 and 5: a batch that opens a transaction needs
+//!    verification, a new epoch cannot join an old open transaction, a plain batch cannot
+//!    interleave with one.
 //!
 //! Reads the [`PartitionState`], changes nothing: the answer is a [`ProduceDecision`].
 
