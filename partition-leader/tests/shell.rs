@@ -14,8 +14,9 @@ use partition_leader::{LeaderConfig, LeaderService};
 use proto::partition_leader_server::PartitionLeader;
 use proto::{
     DescribeProducersRequest, ErrorCode, FetchRequest, FetchResponse, IsolationLevel,
-    ProduceRequest, ProduceResponse, RecordBatch, TxnResult, WriteTxnMarkersRequest,
+    ProduceRequest, ProduceResponse, RecordBatch, WriteTxnMarkersRequest,
 };
+use testkit::requests::{self, values};
 use testkit::FakeVerifier;
 use tokio::sync::watch;
 use tonic::Request;
@@ -72,21 +73,7 @@ fn harness() -> Harness {
 }
 
 fn batch(pid: i64, epoch: i32, seq: i32, values: &[&str], txn: bool) -> RecordBatch {
-    RecordBatch {
-        producer_id: pid,
-        producer_epoch: epoch,
-        base_sequence: seq,
-        is_transactional: txn,
-        transactional_id: if txn { "txn-a".into() } else { String::new() },
-        records: values
-            .iter()
-            .map(|v| proto::Record {
-                key: vec![],
-                value: v.as_bytes().to_vec(),
-                timestamp_ms: 0,
-            })
-            .collect(),
-    }
+    requests::batch((pid, epoch, seq), values, txn.then_some("txn-a"), b"", 0)
 }
 
 async fn produce_to(h: &Harness, partition: i32, b: RecordBatch) -> ProduceResponse {
@@ -113,18 +100,9 @@ async fn fetch(
     wait: i32,
 ) -> FetchResponse {
     h.service
-        .fetch(Request::new(FetchRequest {
-            topic: "t".into(),
-            partition: 0,
-            offset,
-            max_bytes,
-            isolation_level: if committed {
-                IsolationLevel::ReadCommitted as i32
-            } else {
-                IsolationLevel::ReadUncommitted as i32
-            },
-            max_wait_ms: wait,
-        }))
+        .fetch(Request::new(requests::fetch(
+            "t", 0, offset, committed, max_bytes, wait,
+        )))
         .await
         .unwrap()
         .into_inner()
@@ -138,37 +116,15 @@ async fn markers(
     partitions: &[(&str, i32)],
 ) -> Vec<ErrorCode> {
     h.service
-        .write_txn_markers(Request::new(WriteTxnMarkersRequest {
-            producer_id: pid,
-            producer_epoch: epoch,
-            result: if commit {
-                TxnResult::Commit
-            } else {
-                TxnResult::Abort
-            } as i32,
-            coordinator_id: 1,
-            coordinator_generation: 1,
-            partitions: partitions
-                .iter()
-                .map(|(t, p)| proto::TopicPartition {
-                    topic: t.to_string(),
-                    partition: *p,
-                })
-                .collect(),
-        }))
+        .write_txn_markers(Request::new(requests::markers(
+            pid, epoch, commit, 1, partitions,
+        )))
         .await
         .unwrap()
         .into_inner()
         .results
         .into_iter()
         .map(|r| ErrorCode::from_wire(r.error_code))
-        .collect()
-}
-
-fn values(r: &FetchResponse) -> Vec<String> {
-    r.records
-        .iter()
-        .map(|r| String::from_utf8(r.value.clone()).unwrap())
         .collect()
 }
 

@@ -118,16 +118,7 @@ async fn end(
     pe: (i64, i32),
     commit: bool,
 ) -> (i64, i32) {
-    let r = retry!(c.end_txn(EndTxnRequest {
-        transactional_id: id.into(),
-        producer_id: pe.0,
-        producer_epoch: pe.1,
-        result: if commit {
-            TxnResult::Commit
-        } else {
-            TxnResult::Abort
-        } as i32,
-    }));
+    let r = retry!(c.end_txn(requests::end_txn(id, pe, commit)));
     assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
     (r.producer_id, r.producer_epoch)
 }

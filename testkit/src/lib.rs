@@ -8,6 +8,8 @@
 //!   command into its output. `UPDATE_GOLDEN=1` rewrites the scripts from the actual output.
 //! - [`poll`]: [`eventually`], the one polling helper: wait on a condition with a deadline,
 //!   never a bare sleep.
+//! - [`requests`]: protocol messages built once (EndTxn, Fetch, WriteTxnMarkers, a batch) and
+//!   the values of a fetch reply.
 //! - [`fakes`]: stand-ins served over real gRPC or called in process: [`FakeLeader`] (a
 //!   partition leader that records markers and answers with a chosen code),
 //!   [`FakeCoordinator`] (VerifyTransaction from a table the test edits) and [`FakeVerifier`]
@@ -20,6 +22,7 @@
 pub mod fakes;
 pub mod golden;
 pub mod poll;
+pub mod requests;
 
 pub use fakes::{FakeCoordinator, FakeLeader, FakeTxn, FakeVerifier};
 pub use poll::eventually;

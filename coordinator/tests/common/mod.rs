@@ -311,16 +311,7 @@ impl Txn {
 
     pub async fn end_raw(&mut self, pe: (i64, i32), commit: bool) -> EndTxnResponse {
         self.client
-            .end_txn(EndTxnRequest {
-                transactional_id: self.id.clone(),
-                producer_id: pe.0,
-                producer_epoch: pe.1,
-                result: if commit {
-                    TxnResult::Commit
-                } else {
-                    TxnResult::Abort
-                } as i32,
-            })
+            .end_txn(testkit::requests::end_txn(&self.id, pe, commit))
             .await
             .unwrap()
             .into_inner()

@@ -125,25 +125,13 @@ pub fn client(addr: SocketAddr) -> PartitionLeaderClient<Channel> {
 }
 
 #[allow(unused_imports)] // each test binary uses its own subset
+pub use testkit::requests::{self, values};
+#[allow(unused_imports)]
 pub use testkit::{eventually, FakeCoordinator, FakeTxn};
 
 /// A batch of string values.
 pub fn batch(pid: i64, epoch: i32, seq: i32, values: &[&str], txn_id: Option<&str>) -> RecordBatch {
-    RecordBatch {
-        producer_id: pid,
-        producer_epoch: epoch,
-        base_sequence: seq,
-        is_transactional: txn_id.is_some(),
-        transactional_id: txn_id.unwrap_or_default().to_string(),
-        records: values
-            .iter()
-            .map(|v| proto::Record {
-                key: b"k".to_vec(),
-                value: v.as_bytes().to_vec(),
-                timestamp_ms: 1,
-            })
-            .collect(),
-    }
+    requests::batch((pid, epoch, seq), values, txn_id, b"k", 1)
 }
 
 /// Produce to partition `partition` of the test topic.
@@ -169,29 +157,17 @@ pub async fn fetch(
     offset: i64,
     committed: bool,
 ) -> FetchResponse {
-    c.fetch(FetchRequest {
-        topic: TOPIC.into(),
+    c.fetch(requests::fetch(
+        TOPIC,
         partition,
         offset,
-        max_bytes: 1 << 20,
-        isolation_level: if committed {
-            IsolationLevel::ReadCommitted as i32
-        } else {
-            IsolationLevel::ReadUncommitted as i32
-        },
-        max_wait_ms: 0,
-    })
+        committed,
+        1 << 20,
+        0,
+    ))
     .await
     .unwrap()
     .into_inner()
-}
-
-/// The values of a fetch.
-pub fn values(r: &FetchResponse) -> Vec<String> {
-    r.records
-        .iter()
-        .map(|r| String::from_utf8(r.value.clone()).unwrap())
-        .collect()
 }
 
 /// WriteTxnMarkers for `partitions` of the test topic; returns the per-partition codes.
@@ -203,24 +179,14 @@ pub async fn markers(
     generation: i64,
     partitions: &[i32],
 ) -> Vec<ErrorCode> {
-    c.write_txn_markers(WriteTxnMarkersRequest {
-        producer_id: pid,
-        producer_epoch: epoch,
-        result: if commit {
-            TxnResult::Commit
-        } else {
-            TxnResult::Abort
-        } as i32,
-        coordinator_id: 1,
-        coordinator_generation: generation,
-        partitions: partitions
-            .iter()
-            .map(|p| proto::TopicPartition {
-                topic: TOPIC.into(),
-                partition: *p,
-            })
-            .collect(),
-    })
+    let partitions: Vec<(&str, i32)> = partitions.iter().map(|p| (TOPIC, *p)).collect();
+    c.write_txn_markers(requests::markers(
+        pid,
+        epoch,
+        commit,
+        generation,
+        &partitions,
+    ))
     .await
     .unwrap()
     .into_inner()
