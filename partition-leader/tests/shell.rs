@@ -16,7 +16,7 @@ use proto::{
     DescribeProducersRequest, ErrorCode, FetchRequest, FetchResponse, IsolationLevel,
     ProduceRequest, ProduceResponse, RecordBatch, WriteTxnMarkersRequest,
 };
-use testkit::requests::{self, values};
+use testkit::requests::{self, code, values};
 use testkit::FakeVerifier;
 use tokio::sync::watch;
 use tonic::Request;
@@ -120,16 +120,8 @@ async fn markers(
             pid, epoch, commit, 1, partitions,
         )))
         .await
+        .map(|r| requests::marker_codes(r.into_inner()))
         .unwrap()
-        .into_inner()
-        .results
-        .into_iter()
-        .map(|r| ErrorCode::from_wire(r.error_code))
-        .collect()
-}
-
-fn code(c: i32) -> ErrorCode {
-    ErrorCode::from_wire(c)
 }
 
 #[tokio::test]

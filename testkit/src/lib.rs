@@ -7,7 +7,7 @@
 //!   path to [`golden::run_script`] with its own [`golden::Runner`], the thing that turns one
 //!   command into its output. `UPDATE_GOLDEN=1` rewrites the scripts from the actual output.
 //! - [`poll`]: [`eventually`], the one polling helper: wait on a condition with a deadline,
-//!   never a bare sleep.
+//!   never a bare sleep ([`poll::wait_until`] is its front for a `bool` condition).
 //! - [`requests`]: protocol messages built once (EndTxn, Fetch, WriteTxnMarkers, a batch) and
 //!   the values of a fetch reply.
 //! - [`fakes`]: stand-ins served over real gRPC or called in process: [`FakeLeader`] (a

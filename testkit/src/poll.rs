@@ -38,6 +38,19 @@ where
     }
 }
 
+/// [`eventually_within`] for a condition that is a plain `bool`: returns once it holds.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    eventually_within(timeout, what, || {
+        let holds = condition();
+        async move { holds.await.then_some(()) }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,6 +65,17 @@ mod tests {
         })
         .await;
         assert_eq!(v, 2);
+    }
+
+    #[tokio::test]
+    async fn wait_until_returns_once_the_condition_holds() {
+        let calls = AtomicUsize::new(0);
+        wait_until(DEADLINE, "the second call", || {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move { n == 1 }
+        })
+        .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

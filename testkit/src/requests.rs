@@ -2,8 +2,8 @@
 //! in process and over gRPC) need: the same protocol message, written once.
 
 use proto::{
-    EndTxnRequest, FetchRequest, FetchResponse, IsolationLevel, RecordBatch, TxnResult,
-    WriteTxnMarkersRequest,
+    EndTxnRequest, ErrorCode, FetchRequest, FetchResponse, IsolationLevel, RecordBatch, TxnResult,
+    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 
 /// The wire value of a COMMIT (`true`) or ABORT result.
@@ -97,6 +97,16 @@ pub fn batch(
             })
             .collect(),
     }
+}
+
+/// A reply's error code as the enum (unknown codes as the proto decodes them).
+pub fn code(c: i32) -> ErrorCode {
+    ErrorCode::from_wire(c)
+}
+
+/// The per-partition codes of a WriteTxnMarkers reply, in request order.
+pub fn marker_codes(r: WriteTxnMarkersResponse) -> Vec<ErrorCode> {
+    r.results.into_iter().map(|r| code(r.error_code)).collect()
 }
 
 /// The values of a fetch, as text.

@@ -187,9 +187,7 @@ pub fn tp(topic: &str, partition: i32) -> proto::TopicPartition {
     }
 }
 
-pub fn code(c: i32) -> ErrorCode {
-    ErrorCode::from_wire(c)
-}
+pub use testkit::requests::code;
 
 /// A small typed wrapper over the generated client.
 pub struct Txn {

@@ -125,7 +125,7 @@ pub fn client(addr: SocketAddr) -> PartitionLeaderClient<Channel> {
 }
 
 #[allow(unused_imports)] // each test binary uses its own subset
-pub use testkit::requests::{self, values};
+pub use testkit::requests::{self, code, values};
 #[allow(unused_imports)]
 pub use testkit::{eventually, FakeCoordinator, FakeTxn};
 
@@ -188,12 +188,8 @@ pub async fn markers(
         &partitions,
     ))
     .await
+    .map(|r| requests::marker_codes(r.into_inner()))
     .unwrap()
-    .into_inner()
-    .results
-    .into_iter()
-    .map(|r| ErrorCode::from_wire(r.error_code))
-    .collect()
 }
 
 /// DescribeProducers for a partition of the test topic.
@@ -220,9 +216,4 @@ pub async fn snapshot(
         fetch(c, partition, 0, true).await,
         describe(c, partition).await,
     )
-}
-
-/// Shorthand for a code.
-pub fn code(c: i32) -> ErrorCode {
-    ErrorCode::from_wire(c)
 }
