@@ -20,7 +20,6 @@
 //! - `tests/compose.rs` (issue 5): the docker compose scenario.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -74,25 +73,6 @@ pub async fn producer(cluster: &EmbeddedCluster, id: &str) -> TransactionalProdu
         .expect("connect");
     p.init_transactions().await.expect("init_transactions");
     p
-}
-
-/// Polls `condition` every 10 ms until it holds, failing after `timeout` with `what`.
-pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if condition().await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Waits until no transaction is open on any partition of `topic` (LSO == high watermark

@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use integration_tests::{cluster, config, describe, producer, state, tp, values, wait_until};
+use integration_tests::{cluster, config, describe, producer, state, tp, values};
 use minibroker::process::{self, ProcessOptions};
 use producer_client::{Consumer, IdempotentProducer, Isolation};
 use proto::TxnState;
+use testkit::poll::wait_until;
 use tokio::sync::Mutex;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

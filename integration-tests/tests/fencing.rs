@@ -4,12 +4,11 @@
 
 use std::time::Duration;
 
-use integration_tests::{
-    cluster, cluster_with, config, describe, producer, state, tp, values, wait_until,
-};
+use integration_tests::{cluster, cluster_with, config, describe, producer, state, tp, values};
 use minibroker::EmbeddedOptions;
 use producer_client::{Error, Isolation, RawRequests, TransactionalProducer};
 use proto::TxnState;
+use testkit::poll::wait_until;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_transactional_id_gets_epoch_zero() {

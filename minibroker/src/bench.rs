@@ -125,84 +125,50 @@ async fn partitions(config: &ClientConfig, topic: &str) -> anyhow::Result<i32> {
         .ok_or_else(|| anyhow::anyhow!("topic {topic} does not exist"))
 }
 
+/// What every phase writes: `batch` copies of one value per Produce, round robin over
+/// `partitions` (continuing where the previous phase stopped).
+struct Load {
+    topic: String,
+    partitions: i32,
+    batch: usize,
+    value: Vec<u8>,
+    next_partition: i32,
+}
+
+impl Load {
+    fn values(&self) -> Vec<Vec<u8>> {
+        vec![self.value.clone(); self.batch]
+    }
+
+    fn next(&mut self) -> i32 {
+        let p = self.next_partition;
+        self.next_partition = (p + 1) % self.partitions;
+        p
+    }
+}
+
 /// Runs the three phases one after the other. `progress` gets a line per phase.
 pub async fn run(
     config: ClientConfig,
     options: BenchOptions,
     mut progress: impl FnMut(&PhaseResult),
 ) -> anyhow::Result<BenchReport> {
-    let n = partitions(&config, &options.topic).await?;
-    let batch = options.batch.clamp(1, options.records_per_txn.max(1));
-    let value = vec![b'x'; options.record_size];
-    let values = || vec![value.clone(); batch];
-
-    // Idempotent, saturated.
-    let mut idem = IdempotentProducer::connect(config.clone()).await?;
-    let start = Instant::now();
-    let mut sent = 0u64;
-    let mut p = 0;
-    while start.elapsed() < options.duration {
-        idem.send_batch(&options.topic, p, values()).await?;
-        sent += batch as u64;
-        p = (p + 1) % n;
-    }
-    let idempotent = phase(
-        "idempotent",
-        sent,
-        start.elapsed(),
-        options.record_size,
-        vec![],
-    );
+    let mut load = Load {
+        topic: options.topic.clone(),
+        partitions: partitions(&config, &options.topic).await?,
+        batch: options.batch.clamp(1, options.records_per_txn.max(1)),
+        value: vec![b'x'; options.record_size],
+        next_partition: 0,
+    };
+    let batch = load.batch;
+    let idempotent = idempotent_phase(&config, &options, &mut load).await?;
     progress(&idempotent);
-
-    // Transactional, paced and saturated.
     let mut results = Vec::new();
     for (name, paced) in [
         ("transactional-paced", true),
         ("transactional-saturated", false),
     ] {
-        let mut producer = TransactionalProducer::connect(
-            config
-                .clone()
-                .with_transactional_id(format!("bench-{name}-{}", std::process::id())),
-        )
-        .await?;
-        producer.init_transactions().await?;
-        let start = Instant::now();
-        let mut committed = 0u64;
-        let mut commits = Vec::new();
-        let mut next_tick = start + options.commit_interval;
-        while start.elapsed() < options.duration {
-            producer.begin_transaction()?;
-            let mut in_txn = 0;
-            while in_txn < options.records_per_txn {
-                producer.send_batch(&options.topic, p, values()).await?;
-                in_txn += batch;
-                p = (p + 1) % n;
-            }
-            let t = Instant::now();
-            producer.commit_transaction().await?;
-            commits.push(t.elapsed().as_secs_f64() * 1000.0);
-            committed += in_txn as u64;
-            if paced {
-                let now = Instant::now();
-                if next_tick > now {
-                    tokio::time::sleep_until(next_tick.into()).await;
-                }
-                next_tick += options.commit_interval;
-                // Fell behind by more than a tick: do not try to catch up in a burst.
-                if next_tick < Instant::now() {
-                    next_tick = Instant::now() + options.commit_interval;
-                }
-            }
-        }
-        let result = phase(
-            name,
-            committed,
-            start.elapsed(),
-            options.record_size,
-            commits,
-        );
+        let result = transactional_phase(&config, &options, &mut load, name, paced).await?;
         progress(&result);
         results.push(result);
     }
@@ -220,4 +186,80 @@ pub async fn run(
         batch,
         commit_interval_ms: options.commit_interval.as_millis() as u64,
     })
+}
+
+/// Idempotent, saturated: Produce as fast as the replies come back.
+async fn idempotent_phase(
+    config: &ClientConfig,
+    options: &BenchOptions,
+    load: &mut Load,
+) -> anyhow::Result<PhaseResult> {
+    let mut idem = IdempotentProducer::connect(config.clone()).await?;
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while start.elapsed() < options.duration {
+        let p = load.next();
+        idem.send_batch(&load.topic, p, load.values()).await?;
+        sent += load.batch as u64;
+    }
+    Ok(phase(
+        "idempotent",
+        sent,
+        start.elapsed(),
+        options.record_size,
+        vec![],
+    ))
+}
+
+/// Transactional: `records_per_txn` records per transaction, committed back to back
+/// (saturated) or once per `commit_interval` (paced). Commit latencies are recorded.
+async fn transactional_phase(
+    config: &ClientConfig,
+    options: &BenchOptions,
+    load: &mut Load,
+    name: &str,
+    paced: bool,
+) -> anyhow::Result<PhaseResult> {
+    let mut producer = TransactionalProducer::connect(
+        config
+            .clone()
+            .with_transactional_id(format!("bench-{name}-{}", std::process::id())),
+    )
+    .await?;
+    producer.init_transactions().await?;
+    let start = Instant::now();
+    let mut committed = 0u64;
+    let mut commits = Vec::new();
+    let mut next_tick = start + options.commit_interval;
+    while start.elapsed() < options.duration {
+        producer.begin_transaction()?;
+        let mut in_txn = 0;
+        while in_txn < options.records_per_txn {
+            let p = load.next();
+            producer.send_batch(&load.topic, p, load.values()).await?;
+            in_txn += load.batch;
+        }
+        let t = Instant::now();
+        producer.commit_transaction().await?;
+        commits.push(t.elapsed().as_secs_f64() * 1000.0);
+        committed += in_txn as u64;
+        if paced {
+            let now = Instant::now();
+            if next_tick > now {
+                tokio::time::sleep_until(next_tick.into()).await;
+            }
+            next_tick += options.commit_interval;
+            // Fell behind by more than a tick: do not try to catch up in a burst.
+            if next_tick < Instant::now() {
+                next_tick = Instant::now() + options.commit_interval;
+            }
+        }
+    }
+    Ok(phase(
+        name,
+        committed,
+        start.elapsed(),
+        options.record_size,
+        commits,
+    ))
 }

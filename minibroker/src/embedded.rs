@@ -160,49 +160,9 @@ impl EmbeddedCluster {
         };
 
         // 1. Bind every listener, so the topology can name the real addresses.
-        let mut listeners = Vec::new();
-        let ids: Vec<(NodeId, Role)> = (0..options.coordinators)
-            .map(|i| (FIRST_COORDINATOR_ID + i as NodeId, Role::Coordinator))
-            .chain((0..options.leaders).map(|i| (FIRST_LEADER_ID + i as NodeId, Role::Leader)))
-            .collect();
-        for (k, (id, role)) in ids.iter().enumerate() {
-            let port = options.base_port.map_or(0, |b| b + k as u16);
-            let listener = TcpListener::bind(("127.0.0.1", port)).await?;
-            listeners.push((*id, *role, listener));
-        }
-
+        let listeners = bind_listeners(&options).await?;
         // 2. The topology, written where the CLI and the nodes read it.
-        let node = |id: NodeId, l: &TcpListener| -> Result<Node, EmbeddedError> {
-            Ok(Node {
-                id,
-                address: l.local_addr()?.to_string(),
-            })
-        };
-        let mut coordinators = Vec::new();
-        let mut leaders = Vec::new();
-        for (id, role, l) in &listeners {
-            match role {
-                Role::Coordinator => coordinators.push(node(*id, l)?),
-                Role::Leader => leaders.push(node(*id, l)?),
-            }
-        }
-        let topics = options
-            .topics
-            .iter()
-            .map(|(name, partitions)| Topic {
-                name: name.clone(),
-                leaders: (0..*partitions)
-                    .map(|p| FIRST_LEADER_ID + (p % options.leaders.max(1)) as NodeId)
-                    .collect(),
-            })
-            .collect();
-        let topology = Topology {
-            transaction_state_partitions: options.transaction_state_partitions,
-            coordinators,
-            leaders,
-            topics,
-        };
-        topology.validate()?;
+        let topology = topology_of(&options, &listeners)?;
         let topology_path = dir.join("topology.toml");
         std::fs::write(&topology_path, topology.to_toml())?;
 
@@ -447,4 +407,62 @@ impl Drop for EmbeddedCluster {
             }
         }
     }
+}
+
+/// Step 1 of [`EmbeddedCluster::start_with`]: a listener per node (coordinators first), on
+/// `base_port` and up, or on ephemeral ports.
+async fn bind_listeners(
+    options: &EmbeddedOptions,
+) -> Result<Vec<(NodeId, Role, TcpListener)>, EmbeddedError> {
+    let mut listeners = Vec::new();
+    let ids: Vec<(NodeId, Role)> = (0..options.coordinators)
+        .map(|i| (FIRST_COORDINATOR_ID + i as NodeId, Role::Coordinator))
+        .chain((0..options.leaders).map(|i| (FIRST_LEADER_ID + i as NodeId, Role::Leader)))
+        .collect();
+    for (k, (id, role)) in ids.iter().enumerate() {
+        let port = options.base_port.map_or(0, |b| b + k as u16);
+        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+        listeners.push((*id, *role, listener));
+    }
+    Ok(listeners)
+}
+
+/// Step 2 of [`EmbeddedCluster::start_with`]: the topology naming the bound addresses, topics'
+/// partitions spread round robin over the leaders; validated.
+fn topology_of(
+    options: &EmbeddedOptions,
+    listeners: &[(NodeId, Role, TcpListener)],
+) -> Result<Topology, EmbeddedError> {
+    let node = |id: NodeId, l: &TcpListener| -> Result<Node, EmbeddedError> {
+        Ok(Node {
+            id,
+            address: l.local_addr()?.to_string(),
+        })
+    };
+    let mut coordinators = Vec::new();
+    let mut leaders = Vec::new();
+    for (id, role, l) in listeners {
+        match role {
+            Role::Coordinator => coordinators.push(node(*id, l)?),
+            Role::Leader => leaders.push(node(*id, l)?),
+        }
+    }
+    let topics = options
+        .topics
+        .iter()
+        .map(|(name, partitions)| Topic {
+            name: name.clone(),
+            leaders: (0..*partitions)
+                .map(|p| FIRST_LEADER_ID + (p % options.leaders.max(1)) as NodeId)
+                .collect(),
+        })
+        .collect();
+    let topology = Topology {
+        transaction_state_partitions: options.transaction_state_partitions,
+        coordinators,
+        leaders,
+        topics,
+    };
+    topology.validate()?;
+    Ok(topology)
 }

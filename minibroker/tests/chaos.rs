@@ -42,8 +42,8 @@ fn chaos_passes_on_a_healthy_cluster_and_fails_on_a_sabotaged_one() {
         "{run:#}"
     );
 
-    // Long transactions, so the frozen zombie has more to write to partitions it already added.
-    let (ok, report) = chaos(&["--unsafe-skip-epoch-check", "--records-per-txn", "30"]);
+    // Longer transactions, so the frozen zombie has more to write after it resumes.
+    let (ok, report) = chaos(&["--unsafe-skip-epoch-check", "--records-per-txn", "8"]);
     assert!(!ok, "sabotaged run passed: {report:#}");
     assert_eq!(report["passed"], false);
     assert!(anomalies(&report, "zombie_write") >= 1, "{report:#}");

@@ -1,13 +1,31 @@
 //! The mini-broker partition leader (issue 3): it owns partition logs on disk and is the second
 //! line of the fencing defence (PROTOCOL.md sections 7 and 9).
 //!
-//! Modules:
+//! Modules, and the rooms inside them (each room reads and changes only what it names):
 //! - [`core`]: pure, synchronous producer-state checks, markers, LSO and the read_committed
-//!   filter. Decides; never does I/O.
+//!   filter. Decides; never does I/O, never changes state except in `apply`.
+//!   - `core/batch.rs`: wire validation of a Produce batch ([`core::validate_batch`]); no state.
+//!   - `core/produce.rs`: [`core::PartitionState::check_produce`], one function per check of
+//!     section 9 in its order: duplicate, epoch fence, sequence, transaction state. Reads state.
+//!   - `core/marker.rs`: [`core::PartitionState::plan_marker`]: the marker's wire validation,
+//!     then the fencing decision (`check_marker_fence`, one small function, the one to replace
+//!     by a rule shared with the coordinator), then the plan. Reads state.
+//!   - `core/fetch.rs`: [`core::PartitionState::fetch_view`]. Reads state.
+//!   - `core/mod.rs`: the types, `restore`, and `apply`, the only writer of the state.
 //! - [`storage`]: the [`storage::Storage`] trait with a sled engine and an in-memory engine.
 //! - [`verify`]: asking the owning coordinator before a batch opens a transaction here.
 //! - [`service`]: the tonic shell ([`service::LeaderService`]), [`LeaderConfig`] and [`serve`].
+//!   - `service/mod.rs`: configuration, partition lookup and routing errors, `persist` (the one
+//!     place that writes storage and applies a plan, under the write lock), the gRPC trait and
+//!     serving;
+//!   - `service/produce.rs`: proto batch -> core, the check / verify / append rounds;
+//!   - `service/fetch.rs`: request checks, the long poll, the storage scan (read-only);
+//!   - `service/marker.rs`: one partition's WriteTxnMarkers.
 //! - [`error`]: the crate's [`Error`] and its single mapping to wire codes.
+//!
+//! Tests: unit tests of the core in `core/tests.rs`; golden scripts in `testdata/` (run by
+//! `tests/golden.rs` through the shared `testkit` runner); the shell in process in
+//! `tests/shell.rs`; over gRPC in `tests/leader_grpc.rs` and `tests/with_coordinator.rs`.
 //!
 //! One transactional Produce, walked through:
 //! 1. `service` finds the partition (UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER from the

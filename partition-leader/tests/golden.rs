@@ -1,6 +1,7 @@
-//! Golden scripts for the pure core (toydb's way): each `tests/scripts/*.txt` file is a scenario
-//! of steps and their expected output, readable without the code. A line is
-//! `<command> [args] -> <expected>`; `#` starts a comment. Commands:
+//! Golden scripts for the pure core (toydb's way): each `testdata/*.txt` file is a scenario of
+//! `> command` lines, each followed by the output the core must produce, in the test kit's one
+//! format ([`testkit::golden`]); `#` starts a comment line. `UPDATE_GOLDEN=1 cargo test -p
+//! partition-leader --test golden` rewrites the files from the actual output. Commands:
 //! - `produce pid=P epoch=E seq=S n=N [txn] [unverified]`: a Produce batch (`txn` marks it
 //!   transactional; verification with the coordinator succeeds unless `unverified`, which stops
 //!   at the verification step). Output `ok offset=O [verified]`, `duplicate offset=O`,
@@ -10,13 +11,23 @@
 //! - `offsets`: `hw=H lso=L`.
 //! - `producer pid=P`: `epoch=E last_seq=S txn=F|none gen=G window=N` or `none`.
 //! - `read committed|uncommitted`: the offsets a fetch from 0 returns.
+//!
+//! A script with the comment line `# config: unsafe_skip_epoch_check` runs with fencing off.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use partition_leader::core::{
     data_entries, validate_batch, Limits, LogEntry, Marker, PartitionState, ProduceBatch,
     ProduceDecision, Record,
 };
+use testkit::golden::{run_script, Runner};
+
+testkit::test_each_path! { in "partition-leader/testdata" as golden => run }
+
+fn run(path: &Path) {
+    run_script(path, Leader::new);
+}
 
 fn args(words: &[&str]) -> (HashMap<String, i64>, Vec<String>) {
     let mut kv = HashMap::new();
@@ -32,13 +43,27 @@ fn args(words: &[&str]) -> (HashMap<String, i64>, Vec<String>) {
     (kv, flags)
 }
 
-struct Runner {
+/// A partition's core and the log it would have written.
+struct Leader {
     state: PartitionState,
     log: Vec<LogEntry>,
 }
 
-impl Runner {
-    fn step(&mut self, command: &str) -> String {
+impl Leader {
+    /// A fresh partition; a script with `# config: unsafe_skip_epoch_check` turns fencing off.
+    fn new(script: &str) -> Self {
+        let skip = script
+            .lines()
+            .any(|l| l.trim() == "# config: unsafe_skip_epoch_check");
+        Self {
+            state: PartitionState::new(skip),
+            log: Vec::new(),
+        }
+    }
+}
+
+impl Runner for Leader {
+    fn run(&mut self, command: &str) -> String {
         let words: Vec<&str> = command.split_whitespace().collect();
         let (kv, flags) = args(&words[1..]);
         let get = |k: &str| *kv.get(k).unwrap_or_else(|| panic!("missing {k}="));
@@ -156,47 +181,4 @@ impl Runner {
             other => panic!("unknown command {other}"),
         }
     }
-}
-
-#[test]
-fn golden_scripts() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty());
-    let mut failures = Vec::new();
-    for file in &files {
-        let text = std::fs::read_to_string(file).unwrap();
-        let skip = text
-            .lines()
-            .any(|l| l.trim() == "# config: unsafe_skip_epoch_check");
-        let mut runner = Runner {
-            state: PartitionState::new(skip),
-            log: Vec::new(),
-        };
-        for (n, line) in text.lines().enumerate() {
-            let line = line.split('#').next().unwrap().trim();
-            if line.is_empty() {
-                continue;
-            }
-            let (command, expected) = line
-                .split_once("->")
-                .unwrap_or_else(|| panic!("{}:{}: no `->`", file.display(), n + 1));
-            let actual = runner.step(command.trim());
-            if actual != expected.trim() {
-                failures.push(format!(
-                    "{}:{}: `{}`\n  expected: {}\n  actual:   {actual}",
-                    file.file_name().unwrap().to_string_lossy(),
-                    n + 1,
-                    command.trim(),
-                    expected.trim()
-                ));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }

@@ -23,7 +23,7 @@ async fn cluster() -> Cluster {
         listeners[1].local_addr().unwrap(),
     ];
     let topology = topology(&[coordinator_listener.local_addr().unwrap()], &leader_addrs);
-    let coordinator = FakeCoordinator::default();
+    let coordinator = FakeCoordinator::for_topic(TOPIC);
     coordinator.serve(coordinator_listener);
     let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let leaders = listeners
@@ -393,7 +393,7 @@ async fn unsafe_skip_epoch_check_lets_a_zombie_through() {
         listeners[1].local_addr().unwrap(),
     ];
     let topology = topology(&[coordinator_listener.local_addr().unwrap()], &addrs);
-    let coordinator = FakeCoordinator::default();
+    let coordinator = FakeCoordinator::for_topic(TOPIC);
     coordinator.serve(coordinator_listener);
     coordinator.set("z", 5, 0, &[0]);
     let dir = tempfile::tempdir().unwrap();

@@ -118,16 +118,7 @@ async fn end(
     pe: (i64, i32),
     commit: bool,
 ) -> (i64, i32) {
-    let r = retry!(c.end_txn(EndTxnRequest {
-        transactional_id: id.into(),
-        producer_id: pe.0,
-        producer_epoch: pe.1,
-        result: if commit {
-            TxnResult::Commit
-        } else {
-            TxnResult::Abort
-        } as i32,
-    }));
+    let r = retry!(c.end_txn(requests::end_txn(id, pe, commit)));
     assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
     (r.producer_id, r.producer_epoch)
 }
@@ -135,15 +126,14 @@ async fn end(
 /// Waits until the partition has no open transaction (its markers arrived).
 async fn wait_stable(leader: &Leader, partition: i32) {
     let c = leader.client();
-    let ok = wait_for(Duration::from_secs(10), || {
+    eventually(&format!("partition {partition} to become stable"), || {
         let mut c = c.clone();
         async move {
             let r = fetch(&mut c, partition, 0, true).await;
-            r.error_code == 0 && r.last_stable_offset == r.high_watermark
+            (r.error_code == 0 && r.last_stable_offset == r.high_watermark).then_some(())
         }
     })
     .await;
-    assert!(ok, "partition {partition} never became stable");
 }
 
 #[tokio::test]
@@ -267,12 +257,11 @@ async fn read_committed_sees_only_committed_transactions() {
     produce(&mut l0, 0, batch(b.0, b.1, 1, &["x2"], Some("abort-me"))).await;
     end(&mut c.coordinator, "commit-me", a, true).await;
     end(&mut c.coordinator, "abort-me", b, false).await;
-    let ok = wait_for(Duration::from_secs(10), || {
+    eventually("the markers to arrive", || {
         let mut l0 = l0.clone();
-        async move { fetch(&mut l0, 0, 0, true).await.last_stable_offset == 6 }
+        async move { (fetch(&mut l0, 0, 0, true).await.last_stable_offset == 6).then_some(()) }
     })
     .await;
-    assert!(ok, "markers never arrived");
     produce(&mut l0, 0, batch(o.0, o.1, 0, &["o1"], Some("leave-open"))).await;
     let committed = fetch(&mut l0, 0, 0, true).await;
     assert_eq!(values(&committed), vec!["c1", "c2"]);

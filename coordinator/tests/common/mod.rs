@@ -3,116 +3,23 @@
 
 #![allow(dead_code, missing_docs)]
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use cluster::{NodeId, Topology};
 use coordinator::CoordinatorConfig;
-use proto::partition_leader_server::{PartitionLeader, PartitionLeaderServer};
+use proto::partition_leader_server::PartitionLeaderServer;
 use proto::transaction_coordinator_client::TransactionCoordinatorClient;
 use proto::*;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
 
 pub type Client = TransactionCoordinatorClient<Channel>;
 
-/// Polls `f` until it returns `Some`, failing after 10 seconds.
-pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// A partition leader that records markers and answers each partition with `reply`
-/// (NONE: acknowledged; NOT_LEADER_OR_FOLLOWER: "not now", retried).
-#[derive(Clone)]
-pub struct FakeLeader {
-    pub reply: Arc<Mutex<ErrorCode>>,
-    pub markers: Arc<Mutex<Vec<WriteTxnMarkersRequest>>>,
-}
-
-impl Default for FakeLeader {
-    fn default() -> Self {
-        Self {
-            reply: Arc::new(Mutex::new(ErrorCode::None)),
-            markers: Arc::default(),
-        }
-    }
-}
-
-impl FakeLeader {
-    pub fn markers(&self) -> Vec<WriteTxnMarkersRequest> {
-        self.markers.lock().unwrap().clone()
-    }
-
-    /// Acknowledge markers (true) or refuse them with a retriable code (false).
-    pub fn set_ack(&self, ack: bool) {
-        self.set_reply(if ack {
-            ErrorCode::None
-        } else {
-            ErrorCode::NotLeaderOrFollower
-        });
-    }
-
-    pub fn set_reply(&self, code: ErrorCode) {
-        *self.reply.lock().unwrap() = code;
-    }
-}
-
-#[tonic::async_trait]
-impl PartitionLeader for FakeLeader {
-    async fn produce(
-        &self,
-        _: Request<ProduceRequest>,
-    ) -> Result<Response<ProduceResponse>, Status> {
-        Err(Status::unimplemented("fake leader"))
-    }
-
-    async fn fetch(&self, _: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
-        Err(Status::unimplemented("fake leader"))
-    }
-
-    async fn write_txn_markers(
-        &self,
-        request: Request<WriteTxnMarkersRequest>,
-    ) -> Result<Response<WriteTxnMarkersResponse>, Status> {
-        let request = request.into_inner();
-        self.markers.lock().unwrap().push(request.clone());
-        let code = *self.reply.lock().unwrap();
-        Ok(Response::new(WriteTxnMarkersResponse {
-            results: request
-                .partitions
-                .into_iter()
-                .map(|tp| MarkerPartitionResult {
-                    partition: Some(tp),
-                    error_code: code as i32,
-                    error_message: String::new(),
-                })
-                .collect(),
-        }))
-    }
-
-    async fn describe_producers(
-        &self,
-        _: Request<DescribeProducersRequest>,
-    ) -> Result<Response<DescribeProducersResponse>, Status> {
-        Err(Status::unimplemented("fake leader"))
-    }
-}
+pub use testkit::{eventually, FakeLeader};
 
 pub struct Coordinator {
     pub id: NodeId,
@@ -280,9 +187,7 @@ pub fn tp(topic: &str, partition: i32) -> proto::TopicPartition {
     }
 }
 
-pub fn code(c: i32) -> ErrorCode {
-    ErrorCode::from_wire(c)
-}
+pub use testkit::requests::code;
 
 /// A small typed wrapper over the generated client.
 pub struct Txn {
@@ -404,16 +309,7 @@ impl Txn {
 
     pub async fn end_raw(&mut self, pe: (i64, i32), commit: bool) -> EndTxnResponse {
         self.client
-            .end_txn(EndTxnRequest {
-                transactional_id: self.id.clone(),
-                producer_id: pe.0,
-                producer_epoch: pe.1,
-                result: if commit {
-                    TxnResult::Commit
-                } else {
-                    TxnResult::Abort
-                } as i32,
-            })
+            .end_txn(testkit::requests::end_txn(&self.id, pe, commit))
             .await
             .unwrap()
             .into_inner()

@@ -119,8 +119,8 @@ pub(crate) struct Worker {
     pub(crate) child: Child,
     pub(crate) stdin: Option<ChildStdin>,
     pub(crate) init: Option<oneshot::Receiver<bool>>,
-    /// True between an acknowledged send and the next EndTxn: a transaction is open.
-    pub(crate) mid_txn: watch::Receiver<bool>,
+    /// Records acknowledged in the open transaction (0 once EndTxn is sent).
+    pub(crate) mid_txn: watch::Receiver<u64>,
 }
 
 /// Starts producer instances and forwards their events to the history.
@@ -168,7 +168,7 @@ impl WorkerFactory {
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().context("worker stdout")?;
         let (init_tx, init_rx) = oneshot::channel();
-        let (mid_tx, mid_rx) = watch::channel(false);
+        let (mid_tx, mid_rx) = watch::channel(0u64);
         let history = self.history.clone();
         let commits = self.commits.clone();
         let (t, i) = (txid.to_string(), instance.clone());
@@ -191,10 +191,10 @@ impl WorkerFactory {
                         }
                     }
                     WorkerEvent::Send { ok: Some(_), .. } => {
-                        let _ = mid_tx.send(true);
+                        mid_tx.send_modify(|n| *n += 1);
                     }
                     WorkerEvent::EndStart { commit, .. } => {
-                        let _ = mid_tx.send(false);
+                        let _ = mid_tx.send(0);
                         if *commit {
                             let _ = commits.send(t.clone());
                         }

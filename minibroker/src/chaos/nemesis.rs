@@ -34,6 +34,7 @@ pub struct Nemesis {
     topology: Arc<Topology>,
     commits: mpsc::UnboundedReceiver<String>,
     generations: std::collections::HashMap<String, usize>,
+    partitions: u64,
 }
 
 impl Nemesis {
@@ -49,6 +50,7 @@ impl Nemesis {
             topology,
             commits,
             generations: Default::default(),
+            partitions: options.partitions as u64,
         }
     }
 
@@ -118,10 +120,13 @@ impl Nemesis {
                 }
                 _ => {
                     let k = self.rng.gen_range(0..workers.len());
-                    // Freeze it inside a transaction, as a GC pause would.
+                    // Freeze it inside a transaction that already wrote to every partition
+                    // (the worker goes round the partitions), as a GC pause would: its next
+                    // write needs no AddPartitionsToTxn and goes straight to a leader.
                     let mut mid = workers[k].mid_txn.clone();
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(2), mid.wait_for(|m| *m)).await;
+                    let partitions = self.partitions;
+                    let wrote_all = mid.wait_for(|n| *n >= partitions);
+                    let _ = tokio::time::timeout(Duration::from_secs(2), wrote_all).await;
                     signal(&workers[k].child, Signal::SIGSTOP);
                     log(format!("zombie {}", workers[k].instance));
                     let mut next = self.replacement(factory, &workers[k].txid)?;

@@ -104,9 +104,12 @@ async fn one_transaction(
     producer.begin_transaction().map_err(|e| e.to_string())?;
     emit(&WorkerEvent::Begin { txn });
     let mut failed = false;
+    // Round the partitions from a random start: every transaction spans them all.
+    let partitions = options.partitions.max(1);
+    let start = rng.gen_range(0..partitions);
     for n in 0..options.records_per_txn {
         let value = format!("{}/{txn}/{n}", options.instance);
-        let partition = rng.gen_range(0..options.partitions.max(1));
+        let partition = (start + (n % partitions as u64) as i32) % partitions;
         let sent_us = now_us();
         let result = producer
             .send(&options.topic, partition, value.clone().into_bytes())

@@ -1,25 +1,22 @@
 //! Shared harness for the gRPC tests: real partition leaders on 127.0.0.1:0 over sled in temp
-//! directories, a test-only fake coordinator (VerifyTransaction only) served over real gRPC, a
+//! directories, the test kit's fake coordinator (VerifyTransaction only) served over real gRPC, a
 //! topology built from the bound addresses, and small client helpers.
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use cluster::Topology;
 use partition_leader::LeaderConfig;
 use proto::partition_leader_client::PartitionLeaderClient;
-use proto::transaction_coordinator_server::{TransactionCoordinator, TransactionCoordinatorServer};
 use proto::*;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
 
 /// Topic used by the tests: partition 0 led by leader 101, partition 1 by 102.
 pub const TOPIC: &str = "t";
@@ -127,146 +124,14 @@ pub fn client(addr: SocketAddr) -> PartitionLeaderClient<Channel> {
     PartitionLeaderClient::new(channel)
 }
 
-/// What the fake coordinator knows about a transactional id.
-#[derive(Clone, Debug, Default)]
-pub struct FakeTxn {
-    pub producer_id: i64,
-    pub epoch: i32,
-    pub partitions: BTreeSet<(String, i32)>,
-}
-
-/// A coordinator stand-in: answers VerifyTransaction from a table the test edits.
-/// `permissive` makes it answer NONE to everything (to show the LEADER rejects on its own).
-#[derive(Clone, Default)]
-pub struct FakeCoordinator {
-    pub txns: Arc<Mutex<HashMap<String, FakeTxn>>>,
-    pub permissive: Arc<Mutex<bool>>,
-    pub verify_calls: Arc<Mutex<usize>>,
-}
-
-#[tonic::async_trait]
-impl TransactionCoordinator for FakeCoordinator {
-    async fn init_producer_id(
-        &self,
-        _: Request<InitProducerIdRequest>,
-    ) -> Result<Response<InitProducerIdResponse>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn add_partitions_to_txn(
-        &self,
-        _: Request<AddPartitionsToTxnRequest>,
-    ) -> Result<Response<AddPartitionsToTxnResponse>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn add_offsets_to_txn(
-        &self,
-        _: Request<AddOffsetsToTxnRequest>,
-    ) -> Result<Response<AddOffsetsToTxnResponse>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn txn_offset_commit(
-        &self,
-        _: Request<TxnOffsetCommitRequest>,
-    ) -> Result<Response<TxnOffsetCommitResponse>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn offset_fetch(
-        &self,
-        _: Request<OffsetFetchRequest>,
-    ) -> Result<Response<OffsetFetchResponse>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn end_txn(&self, _: Request<EndTxnRequest>) -> Result<Response<EndTxnResponse>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn list_transactions(
-        &self,
-        _: Request<ListTransactionsRequest>,
-    ) -> Result<Response<ListTransactionsResponse>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn describe_transactions(
-        &self,
-        _: Request<DescribeTransactionsRequest>,
-    ) -> Result<Response<DescribeTransactionsResponse>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn write_group_offset_marker(
-        &self,
-        _: Request<WriteGroupOffsetMarkerRequest>,
-    ) -> Result<Response<WriteGroupOffsetMarkerResponse>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn verify_transaction(
-        &self,
-        request: Request<VerifyTransactionRequest>,
-    ) -> Result<Response<VerifyTransactionResponse>, Status> {
-        *self.verify_calls.lock().unwrap() += 1;
-        let r = request.into_inner();
-        let code = if *self.permissive.lock().unwrap() {
-            ErrorCode::None
-        } else {
-            let tp = r.partition.unwrap_or_default();
-            match self.txns.lock().unwrap().get(&r.transactional_id) {
-                None => ErrorCode::InvalidProducerIdMapping,
-                Some(t) if t.producer_id != r.producer_id => ErrorCode::InvalidProducerIdMapping,
-                Some(t) if t.epoch != r.producer_epoch => ErrorCode::ProducerFenced,
-                Some(t) if !t.partitions.contains(&(tp.topic, tp.partition)) => {
-                    ErrorCode::InvalidTxnState
-                }
-                Some(_) => ErrorCode::None,
-            }
-        };
-        Ok(Response::new(VerifyTransactionResponse {
-            error_code: code as i32,
-            error_message: String::new(),
-        }))
-    }
-}
-
-impl FakeCoordinator {
-    /// Serves the fake on `listener` for the rest of the test.
-    pub fn serve(&self, listener: TcpListener) {
-        let svc = TransactionCoordinatorServer::new(self.clone());
-        tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-                .await
-                .unwrap();
-        });
-    }
-
-    /// Sets what the coordinator knows about `txn_id`.
-    pub fn set(&self, txn_id: &str, producer_id: i64, epoch: i32, partitions: &[i32]) {
-        self.txns.lock().unwrap().insert(
-            txn_id.to_string(),
-            FakeTxn {
-                producer_id,
-                epoch,
-                partitions: partitions.iter().map(|p| (TOPIC.to_string(), *p)).collect(),
-            },
-        );
-    }
-}
+#[allow(unused_imports)] // each test binary uses its own subset
+pub use testkit::requests::{self, code, values};
+#[allow(unused_imports)]
+pub use testkit::{eventually, FakeCoordinator, FakeTxn};
 
 /// A batch of string values.
 pub fn batch(pid: i64, epoch: i32, seq: i32, values: &[&str], txn_id: Option<&str>) -> RecordBatch {
-    RecordBatch {
-        producer_id: pid,
-        producer_epoch: epoch,
-        base_sequence: seq,
-        is_transactional: txn_id.is_some(),
-        transactional_id: txn_id.unwrap_or_default().to_string(),
-        records: values
-            .iter()
-            .map(|v| proto::Record {
-                key: b"k".to_vec(),
-                value: v.as_bytes().to_vec(),
-                timestamp_ms: 1,
-            })
-            .collect(),
-    }
+    requests::batch((pid, epoch, seq), values, txn_id, b"k", 1)
 }
 
 /// Produce to partition `partition` of the test topic.
@@ -292,29 +157,17 @@ pub async fn fetch(
     offset: i64,
     committed: bool,
 ) -> FetchResponse {
-    c.fetch(FetchRequest {
-        topic: TOPIC.into(),
+    c.fetch(requests::fetch(
+        TOPIC,
         partition,
         offset,
-        max_bytes: 1 << 20,
-        isolation_level: if committed {
-            IsolationLevel::ReadCommitted as i32
-        } else {
-            IsolationLevel::ReadUncommitted as i32
-        },
-        max_wait_ms: 0,
-    })
+        committed,
+        1 << 20,
+        0,
+    ))
     .await
     .unwrap()
     .into_inner()
-}
-
-/// The values of a fetch.
-pub fn values(r: &FetchResponse) -> Vec<String> {
-    r.records
-        .iter()
-        .map(|r| String::from_utf8(r.value.clone()).unwrap())
-        .collect()
 }
 
 /// WriteTxnMarkers for `partitions` of the test topic; returns the per-partition codes.
@@ -326,31 +179,17 @@ pub async fn markers(
     generation: i64,
     partitions: &[i32],
 ) -> Vec<ErrorCode> {
-    c.write_txn_markers(WriteTxnMarkersRequest {
-        producer_id: pid,
-        producer_epoch: epoch,
-        result: if commit {
-            TxnResult::Commit
-        } else {
-            TxnResult::Abort
-        } as i32,
-        coordinator_id: 1,
-        coordinator_generation: generation,
-        partitions: partitions
-            .iter()
-            .map(|p| proto::TopicPartition {
-                topic: TOPIC.into(),
-                partition: *p,
-            })
-            .collect(),
-    })
+    let partitions: Vec<(&str, i32)> = partitions.iter().map(|p| (TOPIC, *p)).collect();
+    c.write_txn_markers(requests::markers(
+        pid,
+        epoch,
+        commit,
+        generation,
+        &partitions,
+    ))
     .await
+    .map(|r| requests::marker_codes(r.into_inner()))
     .unwrap()
-    .into_inner()
-    .results
-    .into_iter()
-    .map(|r| ErrorCode::from_wire(r.error_code))
-    .collect()
 }
 
 /// DescribeProducers for a partition of the test topic.
@@ -377,27 +216,4 @@ pub async fn snapshot(
         fetch(c, partition, 0, true).await,
         describe(c, partition).await,
     )
-}
-
-/// Polls `f` until it returns true or `timeout` passes.
-pub async fn wait_for<F, Fut>(timeout: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Shorthand for a code.
-pub fn code(c: i32) -> ErrorCode {
-    ErrorCode::from_wire(c)
 }

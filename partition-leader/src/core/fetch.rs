@@ -1,0 +1,39 @@
+//! The read side: what a fetch may see ([`FetchView`]). Read-only.
+
+use crate::error::{Error, Result};
+
+use super::{FetchView, PartitionState};
+
+impl PartitionState {
+    /// What a fetch from `offset` may read. `offset` must be in `[0, high watermark]`.
+    pub fn fetch_view(&self, offset: i64, read_committed: bool) -> Result<FetchView> {
+        if offset < 0 || offset > self.high_watermark {
+            return Err(Error::OffsetOutOfRange(format!(
+                "offset {offset} is outside [0, {}]",
+                self.high_watermark
+            )));
+        }
+        let lso = self.last_stable_offset();
+        let upper = if read_committed {
+            lso
+        } else {
+            self.high_watermark
+        };
+        let aborted = if read_committed {
+            self.aborted
+                .range(offset..)
+                .map(|(_, a)| *a)
+                .filter(|a| a.first_offset < upper)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(FetchView {
+            high_watermark: self.high_watermark,
+            last_stable_offset: lso,
+            upper,
+            aborted,
+            read_committed,
+        })
+    }
+}

@@ -1,0 +1,609 @@
+//! Unit tests of the pure core: every transition and every error row of section 9.
+
+use super::*;
+
+const LIMITS: Limits = Limits {
+    max_batch_bytes: 1024,
+    max_record_bytes: 256,
+};
+
+fn batch(pid: i64, epoch: i32, seq: i32, n: usize, txn: bool) -> ProduceBatch {
+    ProduceBatch {
+        producer_id: pid,
+        producer_epoch: epoch,
+        base_sequence: seq,
+        is_transactional: txn,
+        transactional_id: if txn { "t".into() } else { String::new() },
+        records: (0..n)
+            .map(|i| Record {
+                key: vec![],
+                value: vec![i as u8],
+                timestamp_ms: 1,
+            })
+            .collect(),
+    }
+}
+
+fn header(pid: i64, epoch: i32, seq: i32, n: usize, txn: bool) -> BatchHeader {
+    validate_batch(&LIMITS, &batch(pid, epoch, seq, n, txn)).unwrap()
+}
+
+fn marker(pid: i64, epoch: i32, commit: bool, generation: i64) -> Marker {
+    Marker {
+        producer_id: pid,
+        producer_epoch: epoch,
+        commit,
+        coordinator_id: 1,
+        coordinator_generation: generation,
+    }
+}
+
+/// Runs a Produce to completion (verification always succeeds); returns the base offset and
+/// whether it was a duplicate.
+fn produce(s: &mut PartitionState, h: &BatchHeader) -> Result<(i64, bool)> {
+    let mut decision = s.check_produce(h, false, 10)?;
+    if decision == ProduceDecision::NeedsVerification {
+        decision = s.check_produce(h, true, 10)?;
+    }
+    match decision {
+        ProduceDecision::Duplicate { base_offset } => Ok((base_offset, true)),
+        ProduceDecision::Append(plan) => {
+            s.apply(&plan);
+            Ok((plan.base_offset, false))
+        }
+        ProduceDecision::NeedsVerification => panic!("verified twice"),
+    }
+}
+
+fn write_marker(s: &mut PartitionState, m: &Marker) -> Result<Plan> {
+    let plan = s.plan_marker(m, 20)?;
+    s.apply(&plan);
+    Ok(plan)
+}
+
+fn code(r: Result<impl std::fmt::Debug>) -> proto::ErrorCode {
+    r.unwrap_err().code()
+}
+
+#[test]
+fn sequences_increase_and_offsets_follow() {
+    let mut s = PartitionState::new(false);
+    assert_eq!(
+        produce(&mut s, &header(1, 0, 0, 3, false)).unwrap(),
+        (0, false)
+    );
+    assert_eq!(
+        produce(&mut s, &header(1, 0, 3, 2, false)).unwrap(),
+        (3, false)
+    );
+    assert_eq!(s.high_watermark(), 5);
+    assert_eq!(s.producer(1).unwrap().last_sequence(), Some(4));
+    // A gap.
+    assert_eq!(
+        code(produce(&mut s, &header(1, 0, 6, 1, false))),
+        proto::ErrorCode::OutOfOrderSequenceNumber
+    );
+    assert_eq!(s.high_watermark(), 5);
+}
+
+#[test]
+fn duplicate_returns_original_offset_and_appends_nothing() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 2, false)).unwrap();
+    produce(&mut s, &header(1, 0, 2, 2, false)).unwrap();
+    let before = s.clone();
+    assert_eq!(
+        produce(&mut s, &header(1, 0, 0, 2, false)).unwrap(),
+        (0, true)
+    );
+    assert_eq!(
+        produce(&mut s, &header(1, 0, 2, 2, false)).unwrap(),
+        (2, true)
+    );
+    assert_eq!(s, before);
+    // Same first sequence, different range: not a duplicate, out of order.
+    assert_eq!(
+        code(produce(&mut s, &header(1, 0, 2, 1, false))),
+        proto::ErrorCode::OutOfOrderSequenceNumber
+    );
+}
+
+#[test]
+fn duplicate_window_is_five_batches() {
+    let mut s = PartitionState::new(false);
+    for i in 0..6 {
+        produce(&mut s, &header(1, 0, i, 1, false)).unwrap();
+    }
+    // Batches 1..=5 are remembered, batch 0 (the 6th-oldest) is not.
+    for i in 1..6 {
+        assert_eq!(
+            produce(&mut s, &header(1, 0, i, 1, false)).unwrap(),
+            (i as i64, true)
+        );
+    }
+    assert_eq!(
+        code(produce(&mut s, &header(1, 0, 0, 1, false))),
+        proto::ErrorCode::OutOfOrderSequenceNumber
+    );
+    assert_eq!(s.high_watermark(), 6);
+}
+
+#[test]
+fn sequence_wraps_at_i32_max() {
+    assert_eq!(increment_sequence(i32::MAX, 1), 0);
+    assert_eq!(increment_sequence(i32::MAX - 1, 3), 1);
+    assert_eq!(increment_sequence(5, 1), 6);
+    let mut s = PartitionState::new(false);
+    // Reach i32::MAX - 1 via the state directly (2^31 batches would take a while).
+    produce(&mut s, &header(1, 0, 0, 1, false)).unwrap();
+    let mut p = s.producer(1).unwrap().clone();
+    p.batches.back_mut().unwrap().last_seq = i32::MAX - 2;
+    s.producers.insert(1, p);
+    // A batch of 3 starting at MAX-1 holds MAX-1, MAX, 0.
+    let h = header(1, 0, i32::MAX - 1, 3, false);
+    assert_eq!(h.last_seq, 0);
+    produce(&mut s, &h).unwrap();
+    assert_eq!(s.producer(1).unwrap().last_sequence(), Some(0));
+    produce(&mut s, &header(1, 0, 1, 1, false)).unwrap();
+    // Exactly at MAX: the next one is 0.
+    let mut p = s.producer(1).unwrap().clone();
+    p.batches.back_mut().unwrap().last_seq = i32::MAX;
+    s.producers.insert(1, p);
+    assert_eq!(
+        code(produce(&mut s, &header(1, 0, i32::MAX, 1, false))),
+        proto::ErrorCode::OutOfOrderSequenceNumber
+    );
+    produce(&mut s, &header(1, 0, 0, 1, false)).unwrap();
+}
+
+#[test]
+fn older_epoch_is_fenced_and_higher_epoch_starts_at_zero() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 3, 0, 1, false)).unwrap();
+    assert_eq!(
+        code(produce(&mut s, &header(1, 2, 1, 1, false))),
+        proto::ErrorCode::InvalidProducerEpoch
+    );
+    // An older epoch is fenced even when it names a remembered range of that epoch.
+    assert_eq!(
+        code(produce(&mut s, &header(1, 2, 0, 1, false))),
+        proto::ErrorCode::InvalidProducerEpoch
+    );
+    assert_eq!(
+        code(produce(&mut s, &header(1, 4, 1, 1, false))),
+        proto::ErrorCode::OutOfOrderSequenceNumber
+    );
+    produce(&mut s, &header(1, 4, 0, 1, false)).unwrap();
+    let p = s.producer(1).unwrap();
+    assert_eq!(p.epoch, 4);
+    assert_eq!(p.batches.len(), 1, "a new epoch starts a new window");
+    // The old epoch's batch is no longer a duplicate: fenced.
+    assert_eq!(
+        code(produce(&mut s, &header(1, 3, 0, 1, false))),
+        proto::ErrorCode::InvalidProducerEpoch
+    );
+    assert_eq!(s.high_watermark(), 2);
+}
+
+#[test]
+fn unknown_pid_must_start_at_zero() {
+    let mut s = PartitionState::new(false);
+    assert_eq!(
+        code(produce(&mut s, &header(7, 0, 5, 1, false))),
+        proto::ErrorCode::UnknownProducerId
+    );
+    assert_eq!(s, PartitionState::new(false));
+    produce(&mut s, &header(7, 2, 0, 1, false)).unwrap();
+}
+
+#[test]
+fn plain_producers_skip_checks() {
+    let mut s = PartitionState::new(false);
+    let mut b = batch(-1, 77, 99, 2, false);
+    let h = validate_batch(&LIMITS, &b).unwrap();
+    assert_eq!(produce(&mut s, &h).unwrap(), (0, false));
+    assert_eq!(produce(&mut s, &h).unwrap(), (2, false), "no dedup");
+    assert!(s.producers().is_empty());
+    b.is_transactional = true;
+    b.transactional_id = "t".into();
+    assert_eq!(
+        code(validate_batch(&LIMITS, &b)),
+        proto::ErrorCode::InvalidRequest
+    );
+}
+
+#[test]
+fn transactional_batch_opening_a_txn_needs_verification_once() {
+    let mut s = PartitionState::new(false);
+    let h = header(1, 0, 0, 2, true);
+    assert_eq!(
+        s.check_produce(&h, false, 1).unwrap(),
+        ProduceDecision::NeedsVerification
+    );
+    produce(&mut s, &h).unwrap();
+    assert_eq!(s.producer(1).unwrap().txn_first_offset, Some(0));
+    // Later batches of the open transaction need no verification.
+    assert!(matches!(
+        s.check_produce(&header(1, 0, 2, 1, true), false, 1)
+            .unwrap(),
+        ProduceDecision::Append(_)
+    ));
+    // After the marker closes it, the next transaction is verified again.
+    write_marker(&mut s, &marker(1, 1, true, 0)).unwrap();
+    assert_eq!(
+        s.check_produce(&header(1, 1, 0, 1, true), false, 1)
+            .unwrap(),
+        ProduceDecision::NeedsVerification
+    );
+}
+
+#[test]
+fn non_transactional_batch_while_txn_open_is_invalid_txn_state() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 1, true)).unwrap();
+    assert_eq!(
+        code(produce(&mut s, &header(1, 0, 1, 1, false))),
+        proto::ErrorCode::InvalidTxnState
+    );
+    assert_eq!(s.high_watermark(), 1);
+}
+
+#[test]
+fn higher_epoch_txn_batch_while_old_txn_open_is_retriable() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 1, true)).unwrap();
+    assert_eq!(
+        code(produce(&mut s, &header(1, 1, 0, 1, true))),
+        proto::ErrorCode::ConcurrentTransactions
+    );
+}
+
+#[test]
+fn marker_closes_txn_adopts_epoch_and_resets_window() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 2, true)).unwrap();
+    produce(&mut s, &header(1, 0, 2, 1, true)).unwrap();
+    assert_eq!(s.last_stable_offset(), 0);
+    let plan = write_marker(&mut s, &marker(1, 1, false, 3)).unwrap();
+    assert!(plan.control.is_some());
+    assert_eq!(plan.base_offset, 3);
+    assert_eq!(s.high_watermark(), 4);
+    assert_eq!(s.last_stable_offset(), 4);
+    let p = s.producer(1).unwrap();
+    assert_eq!(p.epoch, 1);
+    assert!(p.batches.is_empty());
+    assert_eq!(p.txn_first_offset, None);
+    assert_eq!(p.coordinator_generation, 3);
+    assert_eq!(
+        s.aborted_txns().copied().collect::<Vec<_>>(),
+        vec![AbortedTxn {
+            producer_id: 1,
+            first_offset: 0,
+            last_offset: 3
+        }]
+    );
+    // The window was reset: the new epoch starts at 0, the old epoch is fenced.
+    assert_eq!(
+        code(produce(&mut s, &header(1, 1, 3, 1, false))),
+        proto::ErrorCode::OutOfOrderSequenceNumber
+    );
+    assert_eq!(
+        code(produce(&mut s, &header(1, 0, 3, 1, true))),
+        proto::ErrorCode::InvalidProducerEpoch
+    );
+    assert_eq!(
+        produce(&mut s, &header(1, 1, 0, 1, true)).unwrap(),
+        (4, false)
+    );
+}
+
+#[test]
+fn markers_are_idempotent() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 1, true)).unwrap();
+    write_marker(&mut s, &marker(1, 1, true, 0)).unwrap();
+    let after_first = s.clone();
+    assert!(write_marker(&mut s, &marker(1, 1, true, 0))
+        .unwrap()
+        .is_noop());
+    assert_eq!(s, after_first);
+    // A late repeat after the next transaction (same epoch, TV2) opened: does not close it.
+    produce(&mut s, &header(1, 1, 0, 1, true)).unwrap();
+    assert!(write_marker(&mut s, &marker(1, 1, true, 0))
+        .unwrap()
+        .is_noop());
+    assert_eq!(s.producer(1).unwrap().txn_first_offset, Some(2));
+    assert_eq!(s.last_stable_offset(), 2);
+    // Its real marker does.
+    write_marker(&mut s, &marker(1, 2, true, 0)).unwrap();
+    assert_eq!(s.last_stable_offset(), 4);
+}
+
+#[test]
+fn marker_checks_epoch_then_generation() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 5, 0, 1, true)).unwrap();
+    write_marker(&mut s, &marker(1, 6, true, 4)).unwrap();
+    let before = s.clone();
+    assert_eq!(
+        code(write_marker(&mut s, &marker(1, 5, false, 9))),
+        proto::ErrorCode::InvalidProducerEpoch
+    );
+    assert_eq!(
+        code(write_marker(&mut s, &marker(1, 7, false, 3))),
+        proto::ErrorCode::TransactionCoordinatorFenced
+    );
+    assert_eq!(s, before);
+    // A newer generation repeating the same marker is acknowledged and remembered.
+    let plan = write_marker(&mut s, &marker(1, 6, true, 5)).unwrap();
+    assert!(plan.control.is_none());
+    assert_eq!(s.producer(1).unwrap().coordinator_generation, 5);
+    assert_eq!(s.high_watermark(), before.high_watermark());
+}
+
+#[test]
+fn marker_for_unknown_pid_records_epoch_and_appends_nothing() {
+    let mut s = PartitionState::new(false);
+    let plan = write_marker(&mut s, &marker(9, 4, false, 1)).unwrap();
+    assert_eq!(plan.control, None);
+    assert_eq!(plan.record_count, 0);
+    assert_eq!(s.high_watermark(), 0);
+    assert_eq!(s.producer(9).unwrap().epoch, 4);
+    // The zombie (epoch 3) that never wrote here is now rejected here.
+    assert_eq!(
+        code(produce(&mut s, &header(9, 3, 0, 1, true))),
+        proto::ErrorCode::InvalidProducerEpoch
+    );
+    assert_eq!(s.high_watermark(), 0);
+    assert_eq!(s.aborted_txns().count(), 0);
+}
+
+#[test]
+fn marker_without_open_txn_raises_epoch_of_known_pid() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 1, false)).unwrap();
+    write_marker(&mut s, &marker(1, 2, false, 0)).unwrap();
+    assert_eq!(s.high_watermark(), 1);
+    assert_eq!(
+        code(produce(&mut s, &header(1, 0, 1, 1, false))),
+        proto::ErrorCode::InvalidProducerEpoch
+    );
+}
+
+#[test]
+fn bad_markers_are_invalid_request() {
+    let s = PartitionState::new(false);
+    for m in [
+        marker(-1, 0, true, 0),
+        marker(1, -1, true, 0),
+        marker(1, 32768, true, 0),
+        marker(1, 0, true, -1),
+    ] {
+        assert_eq!(code(s.plan_marker(&m, 0)), proto::ErrorCode::InvalidRequest);
+    }
+}
+
+#[test]
+fn lso_with_interleaved_transactions_of_several_pids() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(-1, 0, 0, 1, false)).unwrap(); // 0 plain
+    produce(&mut s, &header(1, 0, 0, 1, true)).unwrap(); // 1 pid 1 opens
+    produce(&mut s, &header(2, 0, 0, 1, true)).unwrap(); // 2 pid 2 opens
+    produce(&mut s, &header(1, 0, 1, 1, true)).unwrap(); // 3
+    produce(&mut s, &header(3, 0, 0, 1, true)).unwrap(); // 4 pid 3 opens
+    assert_eq!(s.high_watermark(), 5);
+    assert_eq!(s.last_stable_offset(), 1);
+    // Ending a later transaction does not move the LSO.
+    write_marker(&mut s, &marker(2, 1, true, 0)).unwrap(); // 5
+    assert_eq!(s.last_stable_offset(), 1);
+    // Ending the earliest moves it to the next open one.
+    write_marker(&mut s, &marker(1, 1, false, 0)).unwrap(); // 6
+    assert_eq!(s.last_stable_offset(), 4);
+    write_marker(&mut s, &marker(3, 1, true, 0)).unwrap(); // 7
+    assert_eq!(s.last_stable_offset(), 8);
+    assert_eq!(s.high_watermark(), 8);
+
+    let view = s.fetch_view(0, true).unwrap();
+    assert_eq!(view.upper, 8);
+    let data = |pid| {
+        LogEntry::Data(DataRecord {
+            producer_id: pid,
+            producer_epoch: 0,
+            is_transactional: true,
+            key: vec![],
+            value: vec![],
+            timestamp_ms: 0,
+        })
+    };
+    let visible: Vec<i64> = [(0, -1), (1, 1), (2, 2), (3, 1), (4, 3)]
+        .into_iter()
+        .filter(|(o, pid)| view.is_visible(*o, &data(*pid)))
+        .map(|(o, _)| o)
+        .collect();
+    assert_eq!(visible, vec![0, 2, 4]);
+    let uncommitted = s.fetch_view(0, false).unwrap();
+    assert!(uncommitted.is_visible(1, &data(1)));
+    let control = LogEntry::Control(ControlRecord {
+        producer_id: 2,
+        producer_epoch: 1,
+        commit: true,
+        coordinator_id: 1,
+        coordinator_generation: 0,
+        timestamp_ms: 0,
+    });
+    assert!(!view.is_visible(5, &control));
+    assert!(!uncommitted.is_visible(5, &control));
+}
+
+#[test]
+fn read_committed_stops_at_lso() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(-1, 0, 0, 2, false)).unwrap();
+    produce(&mut s, &header(1, 0, 0, 1, true)).unwrap();
+    produce(&mut s, &header(-1, 0, 0, 1, false)).unwrap();
+    let view = s.fetch_view(0, true).unwrap();
+    assert_eq!(
+        (view.upper, view.last_stable_offset, view.high_watermark),
+        (2, 2, 4)
+    );
+    assert_eq!(s.fetch_view(0, false).unwrap().upper, 4);
+    assert_eq!(
+        code(s.fetch_view(5, false)),
+        proto::ErrorCode::OffsetOutOfRange
+    );
+    assert_eq!(
+        code(s.fetch_view(-1, true)),
+        proto::ErrorCode::OffsetOutOfRange
+    );
+    assert!(s.fetch_view(4, true).is_ok());
+}
+
+#[test]
+fn bad_batches_are_rejected_before_any_state() {
+    let too_big_record = ProduceBatch {
+        records: vec![Record {
+            key: vec![0; 100],
+            value: vec![0; 157],
+            timestamp_ms: 0,
+        }],
+        ..batch(1, 0, 0, 1, false)
+    };
+    let too_big_batch = ProduceBatch {
+        records: (0..8)
+            .map(|_| Record {
+                key: vec![],
+                value: vec![0; 200],
+                timestamp_ms: 0,
+            })
+            .collect(),
+        ..batch(1, 0, 0, 1, false)
+    };
+    let many_empty = batch(1, 0, 0, 1024 / RECORD_OVERHEAD_BYTES + 1, false);
+    let mut no_txn_id = batch(1, 0, 0, 1, true);
+    no_txn_id.transactional_id.clear();
+    let mut long_txn_id = batch(1, 0, 0, 1, true);
+    long_txn_id.transactional_id = "x".repeat(cluster::MAX_ID_LEN + 1);
+    let cases = [
+        (batch(1, 0, 0, 0, false), proto::ErrorCode::InvalidRequest),
+        (batch(-2, 0, 0, 1, false), proto::ErrorCode::InvalidRequest),
+        (
+            batch(i64::MIN, 0, 0, 1, false),
+            proto::ErrorCode::InvalidRequest,
+        ),
+        (batch(1, -1, 0, 1, false), proto::ErrorCode::InvalidRequest),
+        (
+            batch(1, 32768, 0, 1, false),
+            proto::ErrorCode::InvalidRequest,
+        ),
+        (
+            batch(1, i32::MAX, 0, 1, false),
+            proto::ErrorCode::InvalidRequest,
+        ),
+        (batch(1, 0, -1, 1, false), proto::ErrorCode::InvalidRequest),
+        (
+            batch(1, 0, i32::MIN, 1, false),
+            proto::ErrorCode::InvalidRequest,
+        ),
+        (no_txn_id, proto::ErrorCode::InvalidRequest),
+        (long_txn_id, proto::ErrorCode::InvalidRequest),
+        (too_big_record, proto::ErrorCode::MessageTooLarge),
+        (too_big_batch, proto::ErrorCode::MessageTooLarge),
+        (many_empty, proto::ErrorCode::MessageTooLarge),
+    ];
+    for (b, expected) in cases {
+        assert_eq!(code(validate_batch(&LIMITS, &b)), expected, "{b:?}");
+    }
+    // Limits are inclusive.
+    let exact = ProduceBatch {
+        records: vec![Record {
+            key: vec![0; 56],
+            value: vec![0; 200],
+            timestamp_ms: 0,
+        }],
+        ..batch(1, 0, 0, 1, false)
+    };
+    assert!(validate_batch(&LIMITS, &exact).is_ok());
+    // An absurd but valid sequence for a known PID is just out of order.
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 1, false)).unwrap();
+    let before = s.clone();
+    assert_eq!(
+        code(produce(&mut s, &header(1, 0, i32::MAX, 1, false))),
+        proto::ErrorCode::OutOfOrderSequenceNumber
+    );
+    assert_eq!(
+        code(produce(&mut s, &header(1, i16::MAX as i32, 7, 1, false))),
+        proto::ErrorCode::OutOfOrderSequenceNumber
+    );
+    assert_eq!(s, before);
+}
+
+#[test]
+fn timestamps_default_to_append_time() {
+    let h = header(1, 0, 0, 1, false);
+    let entries = data_entries(
+        &h,
+        vec![
+            Record {
+                key: b"k".to_vec(),
+                value: b"v".to_vec(),
+                timestamp_ms: -1,
+            },
+            Record {
+                key: vec![],
+                value: vec![],
+                timestamp_ms: 5,
+            },
+        ],
+        99,
+    );
+    let ts: Vec<i64> = entries
+        .iter()
+        .map(|e| match e {
+            LogEntry::Data(d) => d.timestamp_ms,
+            LogEntry::Control(_) => unreachable!(),
+        })
+        .collect();
+    assert_eq!(ts, vec![99, 5]);
+}
+
+#[test]
+fn unsafe_skip_epoch_check_lets_a_zombie_append() {
+    let mut s = PartitionState::new(true);
+    produce(&mut s, &header(1, 0, 0, 1, true)).unwrap();
+    write_marker(&mut s, &marker(1, 1, false, 0)).unwrap();
+    let state_before = s.producer(1).unwrap().clone();
+    // The zombie at epoch 0 writes, with any sequence.
+    assert_eq!(
+        produce(&mut s, &header(1, 0, 17, 1, true)).unwrap(),
+        (2, false)
+    );
+    assert_eq!(s.producer(1).unwrap(), &state_before);
+    // ... and it is visible to read_committed readers: that is the broken fencing.
+    let view = s.fetch_view(0, true).unwrap();
+    assert_eq!(view.upper, 3);
+    // Markers still check epochs.
+    assert_eq!(
+        code(write_marker(&mut s, &marker(1, 0, true, 0))),
+        proto::ErrorCode::InvalidProducerEpoch
+    );
+}
+
+#[test]
+fn restore_rebuilds_open_txns_and_rejects_inconsistent_state() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 1, true)).unwrap();
+    produce(&mut s, &header(2, 0, 0, 1, true)).unwrap();
+    write_marker(&mut s, &marker(2, 1, false, 0)).unwrap();
+    let restored = PartitionState::restore(
+        false,
+        s.high_watermark(),
+        s.producers().clone(),
+        s.aborted_txns().copied().collect::<Vec<_>>(),
+    )
+    .unwrap();
+    assert_eq!(restored, s);
+    assert_eq!(restored.last_stable_offset(), 0);
+    assert!(PartitionState::restore(false, 0, s.producers().clone(), vec![]).is_err());
+    assert!(PartitionState::restore(false, -1, vec![], vec![]).is_err());
+}

@@ -1,0 +1,509 @@
+//! The tonic shell: converts proto <-> domain, calls the [`crate::core`], performs the I/O
+//! the core asked for (durable writes, coordinator verification), and maps errors to wire codes in
+//! one place ([`Error::to_wire`]).
+//!
+//! Concurrency: every partition has a `tokio::sync::Mutex` (the write lock) that is held from the
+//! core's check, across the durable sled write + flush, until the new state is applied. That
+//! serialisation is the point: offsets, sequence windows and open transactions of a partition
+//! change one write at a time, and a plan is always applied to the state it was computed from.
+//! The in-memory [`PartitionState`] sits behind a std `Mutex` that is only held for the (sync)
+//! core calls, never across an `.await`, so fetches read a consistent snapshot without waiting
+//! for flushes. The durable write and the apply run in a spawned task that owns the write lock,
+//! so a client that disconnects mid-write cannot leave sled and memory out of step.
+//!
+//! Verification is never done under the write lock: the lock is released, the coordinator is
+//! asked, and the check is run again from the start with `verified = true` (the PID's state may
+//! have changed meanwhile, e.g. a marker raised its epoch, which the re-check then rejects).
+//!
+//! Fetch: read_uncommitted reads up to the high watermark, read_committed up to the LSO, both
+//! without control records; read_committed also skips aborted transactions. At least one record
+//! is returned when any is available, even over `max_bytes`. Long poll: a fetch with nothing to
+//! read waits on the partition's `Notify` (woken by every write) up to `max_wait_ms`, capped at
+//! [`MAX_WAIT_CAP`], and is released at once on shutdown.
+//!
+//! CAVEATS: no quotas, no fetch sessions, no follower replication (NOT_LEADER_OR_FOLLOWER only
+//! reflects the static topology).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cluster::node;
+use cluster::{NodeId, TopicPartition, Topology};
+use proto::partition_leader_server::{PartitionLeader, PartitionLeaderServer};
+use proto::{
+    DescribeProducersRequest, DescribeProducersResponse, FetchRequest, FetchResponse,
+    MarkerPartitionResult, ProduceRequest, ProduceResponse, ProducerStateDescription, TxnResult,
+    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+};
+use tokio::sync::{watch, Notify, OwnedMutexGuard};
+use tonic::{Request, Response, Status};
+use tracing::{debug, info, instrument, warn};
+
+use crate::core::{self, LogEntry, Marker, PartitionState, Plan};
+use crate::error::{Error, Result};
+use crate::storage::{Storage, Write};
+use crate::verify::TxnVerifier;
+
+mod fetch;
+mod marker;
+mod produce;
+
+/// Longest a fetch may long-poll, whatever `max_wait_ms` asks for.
+pub const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
+
+/// Largest `max_bytes` honoured for one fetch (larger requests are clamped).
+pub const MAX_FETCH_BYTES: usize = 16 * 1024 * 1024;
+
+/// Default for [`LeaderConfig::max_batch_bytes`] and [`LeaderConfig::max_record_bytes`].
+pub const DEFAULT_MAX_BYTES: usize = 1024 * 1024;
+
+/// Timeout of one VerifyTransaction call to a coordinator.
+pub const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Configuration of a partition leader.
+#[derive(Clone, Debug)]
+pub struct LeaderConfig {
+    /// This node's id (a leader in the topology).
+    pub node_id: NodeId,
+    /// The sled database lives here.
+    pub data_dir: std::path::PathBuf,
+    /// The cluster shape.
+    pub topology: Arc<Topology>,
+    /// Largest batch accepted (default 1 MiB).
+    pub max_batch_bytes: usize,
+    /// Largest record accepted (default 1 MiB).
+    pub max_record_bytes: usize,
+    /// DANGER, for demonstrating that the checker catches broken fencing: skip the epoch checks.
+    pub unsafe_skip_epoch_check: bool,
+}
+
+impl LeaderConfig {
+    /// A configuration with the defaults.
+    pub fn new(
+        node_id: NodeId,
+        data_dir: impl Into<std::path::PathBuf>,
+        topology: Arc<Topology>,
+    ) -> Self {
+        Self {
+            node_id,
+            data_dir: data_dir.into(),
+            topology,
+            max_batch_bytes: DEFAULT_MAX_BYTES,
+            max_record_bytes: DEFAULT_MAX_BYTES,
+            unsafe_skip_epoch_check: false,
+        }
+    }
+
+    fn limits(&self) -> core::Limits {
+        core::Limits {
+            max_batch_bytes: self.max_batch_bytes,
+            max_record_bytes: self.max_record_bytes,
+        }
+    }
+}
+
+/// Unix time in milliseconds: the `now_ms` handed to the core ([`cluster::node::now_ms`]).
+pub use cluster::node::now_ms;
+
+/// A storage call on the blocking pool ([`cluster::node::blocking`]).
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    node::blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("storage task failed: {e}")))?
+}
+
+/// One partition this node leads.
+struct Partition {
+    tp: TopicPartition,
+    /// Serialises writes; held across the durable write (see the module docs).
+    write_lock: Arc<tokio::sync::Mutex<()>>,
+    /// The core state; only locked for synchronous core calls.
+    state: Mutex<PartitionState>,
+    /// Woken after every applied write (long-polling fetches wait on it).
+    appended: Notify,
+    /// Set when a failed write could not be reconciled with storage: the partition answers
+    /// KAFKA_STORAGE_ERROR until the leader restarts (Kafka takes the log dir offline).
+    offline: std::sync::atomic::AtomicBool,
+}
+
+impl Partition {
+    fn state(&self) -> std::sync::MutexGuard<'_, PartitionState> {
+        node::lock(&self.state)
+    }
+
+    /// KAFKA_STORAGE_ERROR once the partition went offline.
+    fn check_online(&self) -> Result<()> {
+        if self.offline.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Storage(format!(
+                "{} is offline after a storage failure; restart the leader",
+                self.tp
+            )));
+        }
+        Ok(())
+    }
+}
+
+struct Inner {
+    node_id: NodeId,
+    unsafe_skip_epoch_check: bool,
+    topology: Arc<Topology>,
+    limits: core::Limits,
+    partitions: HashMap<TopicPartition, Arc<Partition>>,
+    storage: Arc<dyn Storage>,
+    verifier: Arc<dyn TxnVerifier>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// The PartitionLeader gRPC service.
+#[derive(Clone)]
+pub struct LeaderService {
+    inner: Arc<Inner>,
+}
+
+impl LeaderService {
+    /// Loads every partition this node leads from `storage` (blocking I/O: call it from
+    /// `spawn_blocking` or before the runtime is busy). Long polls end when `shutdown` turns true
+    /// or its sender is dropped.
+    pub fn open(
+        config: &LeaderConfig,
+        storage: Arc<dyn Storage>,
+        verifier: Arc<dyn TxnVerifier>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Self> {
+        let mut partitions = HashMap::new();
+        for (topic, partition) in config.topology.partitions_led_by(config.node_id) {
+            let tp = TopicPartition::new(topic, partition);
+            let loaded = storage.load(&tp)?;
+            let state = PartitionState::restore(
+                config.unsafe_skip_epoch_check,
+                loaded.high_watermark,
+                loaded.producers,
+                loaded.aborted,
+            )
+            .map_err(|e| Error::Storage(format!("{tp}: {e}")))?;
+            info!(
+                partition = %tp,
+                high_watermark = state.high_watermark(),
+                last_stable_offset = state.last_stable_offset(),
+                producers = state.producers().len(),
+                "partition loaded"
+            );
+            partitions.insert(
+                tp.clone(),
+                Arc::new(Partition {
+                    tp,
+                    write_lock: Arc::new(tokio::sync::Mutex::new(())),
+                    state: Mutex::new(state),
+                    appended: Notify::new(),
+                    offline: std::sync::atomic::AtomicBool::new(false),
+                }),
+            );
+        }
+        if config.unsafe_skip_epoch_check {
+            warn!("unsafe_skip_epoch_check is ON: zombie producers are NOT fenced at this leader");
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                node_id: config.node_id,
+                unsafe_skip_epoch_check: config.unsafe_skip_epoch_check,
+                topology: config.topology.clone(),
+                limits: config.limits(),
+                partitions,
+                storage,
+                verifier,
+                shutdown,
+            }),
+        })
+    }
+
+    /// Wraps the service for `tonic::transport::Server::add_service`, with message limits that
+    /// let every batch within the configured limits through.
+    pub fn into_server(self) -> PartitionLeaderServer<Self> {
+        let max_decoding = (self.inner.limits.max_batch_bytes.saturating_mul(2))
+            .saturating_add(1024 * 1024)
+            .max(4 * 1024 * 1024);
+        PartitionLeaderServer::new(self).max_decoding_message_size(max_decoding)
+    }
+
+    fn partition(&self, topic: &str, partition: i32) -> Result<Arc<Partition>> {
+        let tp = TopicPartition::new(topic, partition);
+        let Some(leader) = self.inner.topology.leader_for(topic, partition) else {
+            return Err(Error::UnknownTopicOrPartition(format!(
+                "{tp} does not exist"
+            )));
+        };
+        if leader.id != self.inner.node_id {
+            return Err(Error::NotLeaderOrFollower(format!(
+                "{tp} is led by node {} at {}, not by node {}",
+                leader.id, leader.address, self.inner.node_id
+            )));
+        }
+        let part = self
+            .inner
+            .partitions
+            .get(&tp)
+            .cloned()
+            .ok_or_else(|| Error::Internal(format!("{tp} was not loaded")))?;
+        part.check_online()?;
+        Ok(part)
+    }
+
+    /// Makes `plan` durable (with `entries`), then applies it and wakes long polls. Runs in its
+    /// own task owning the write lock, so it completes even if the request is dropped.
+    ///
+    /// If the write fails, the engine may still hold part of it (sled applies the transaction
+    /// before the flush fails, and a later flush would persist it), so the partition's state is
+    /// reloaded from the engine: memory then matches what will be on disk, and the unacknowledged
+    /// write may or may not survive, as in Kafka. If even that fails the partition goes offline.
+    async fn persist(
+        &self,
+        guard: OwnedMutexGuard<()>,
+        part: Arc<Partition>,
+        plan: Plan,
+        entries: Vec<LogEntry>,
+    ) -> Result<()> {
+        let storage = self.inner.storage.clone();
+        let skip = self.inner.unsafe_skip_epoch_check;
+        tokio::spawn(async move {
+            let _guard = guard;
+            if !plan.is_noop() {
+                let write = Write::new(&plan, entries);
+                let tp = part.tp.clone();
+                let store = storage.clone();
+                if let Err(e) = blocking(move || store.write(&tp, &write)).await {
+                    warn!(partition = %part.tp, "write failed, reloading the partition: {e}");
+                    let tp = part.tp.clone();
+                    let reloaded = blocking(move || {
+                        let loaded = storage.load(&tp)?;
+                        PartitionState::restore(
+                            skip,
+                            loaded.high_watermark,
+                            loaded.producers,
+                            loaded.aborted,
+                        )
+                    })
+                    .await;
+                    match reloaded {
+                        Ok(state) => *part.state() = state,
+                        Err(reload) => {
+                            tracing::error!(partition = %part.tp, "partition offline: {reload}");
+                            part.offline
+                                .store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                    part.appended.notify_waiters();
+                    return Err(e);
+                }
+            }
+            part.state().apply(&plan);
+            part.appended.notify_waiters();
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("write task failed: {e}")))?
+    }
+
+    fn describe_producers_inner(
+        &self,
+        request: DescribeProducersRequest,
+    ) -> Result<DescribeProducersResponse> {
+        let part = self.partition(&request.topic, request.partition)?;
+        let state = part.state();
+        let producers = state
+            .producers()
+            .iter()
+            .map(|(pid, p)| ProducerStateDescription {
+                producer_id: *pid,
+                producer_epoch: p.epoch as i32,
+                last_sequence: p.last_sequence().unwrap_or(-1),
+                last_timestamp_ms: p.last_update_ms,
+                current_txn_start_offset: p.txn_first_offset.unwrap_or(-1),
+                coordinator_generation: p.coordinator_generation,
+            })
+            .collect();
+        Ok(DescribeProducersResponse {
+            producers,
+            ..Default::default()
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl PartitionLeader for LeaderService {
+    #[instrument(skip_all, fields(topic = %request.get_ref().topic, partition = request.get_ref().partition))]
+    async fn produce(
+        &self,
+        request: Request<ProduceRequest>,
+    ) -> Result<Response<ProduceResponse>, Status> {
+        let response = self
+            .produce_inner(request.into_inner())
+            .await
+            .unwrap_or_else(|e| {
+                let (error_code, error_message) = e.to_wire();
+                debug!(error_message, "produce rejected");
+                ProduceResponse {
+                    error_code,
+                    error_message,
+                    base_offset: -1,
+                    duplicate: false,
+                    high_watermark: -1,
+                }
+            });
+        Ok(Response::new(response))
+    }
+
+    #[instrument(skip_all, fields(topic = %request.get_ref().topic, partition = request.get_ref().partition))]
+    async fn fetch(
+        &self,
+        request: Request<FetchRequest>,
+    ) -> Result<Response<FetchResponse>, Status> {
+        let response = self
+            .fetch_inner(request.into_inner())
+            .await
+            .unwrap_or_else(|e| {
+                let (error_code, error_message) = e.to_wire();
+                FetchResponse {
+                    error_code,
+                    error_message,
+                    high_watermark: -1,
+                    last_stable_offset: -1,
+                    records: vec![],
+                    next_offset: -1,
+                }
+            });
+        Ok(Response::new(response))
+    }
+
+    #[instrument(skip_all, fields(pid = request.get_ref().producer_id, epoch = request.get_ref().producer_epoch))]
+    async fn write_txn_markers(
+        &self,
+        request: Request<WriteTxnMarkersRequest>,
+    ) -> Result<Response<WriteTxnMarkersResponse>, Status> {
+        let request = request.into_inner();
+        let commit = match TxnResult::try_from(request.result) {
+            Ok(TxnResult::Commit) => Ok(true),
+            Ok(TxnResult::Abort) => Ok(false),
+            Err(_) => Err(format!("unknown transaction result {}", request.result)),
+        };
+        let results = futures::future::join_all(request.partitions.into_iter().map(|tp| {
+            let commit = commit.clone();
+            async move {
+                let result = match commit {
+                    Err(message) => Err(Error::InvalidRequest(message)),
+                    Ok(commit) => {
+                        let marker = Marker {
+                            producer_id: request.producer_id,
+                            producer_epoch: request.producer_epoch,
+                            commit,
+                            coordinator_id: request.coordinator_id,
+                            coordinator_generation: request.coordinator_generation,
+                        };
+                        self.write_marker(&tp, marker).await
+                    }
+                };
+                let (error_code, error_message) = match result {
+                    Ok(()) => (proto::ErrorCode::None as i32, String::new()),
+                    Err(e) => {
+                        warn!(partition = %format!("{}-{}", tp.topic, tp.partition), "marker rejected: {e}");
+                        e.to_wire()
+                    }
+                };
+                MarkerPartitionResult {
+                    partition: Some(tp),
+                    error_code,
+                    error_message,
+                }
+            }
+        }))
+        .await;
+        Ok(Response::new(WriteTxnMarkersResponse { results }))
+    }
+
+    async fn describe_producers(
+        &self,
+        request: Request<DescribeProducersRequest>,
+    ) -> Result<Response<DescribeProducersResponse>, Status> {
+        let response = self
+            .describe_producers_inner(request.into_inner())
+            .unwrap_or_else(|e| {
+                let (error_code, error_message) = e.to_wire();
+                DescribeProducersResponse {
+                    error_code,
+                    error_message,
+                    producers: vec![],
+                }
+            });
+        Ok(Response::new(response))
+    }
+}
+
+/// Serves Cluster + PartitionLeader on an already bound listener until `shutdown` resolves,
+/// over a sled database in `config.data_dir` and the real coordinator verifier. Returns after
+/// shutdown with sled flushed and closed, so the directory can be reopened at once.
+pub async fn serve(
+    config: LeaderConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let dir = config.data_dir.clone();
+    let open_dir = dir.clone();
+    let storage = Arc::new(
+        blocking(move || {
+            // Waits (bounded) for a previous instance to release sled's lock file.
+            node::prepare_sled_dir(&open_dir, node::SLED_LOCK_WAIT)
+                .map_err(|e| Error::Storage(e.to_string()))?;
+            crate::storage::SledStorage::open(open_dir)
+        })
+        .await?,
+    );
+    let verifier = Arc::new(crate::verify::GrpcVerifier::new(
+        config.topology.clone(),
+        VERIFY_TIMEOUT,
+    ));
+    let result = serve_with(config, storage.clone(), verifier, listener, shutdown).await;
+    let flushing = storage.clone();
+    let flushed = blocking(move || flushing.flush()).await;
+    // Waits (bounded) for stragglers holding the storage, then closes sled and its lock file.
+    let closed = node::close_sled(storage, dir, node::SLED_LOCK_WAIT)
+        .await
+        .map_err(|e| Error::Storage(e.to_string()));
+    result.and(flushed).and(closed)
+}
+
+/// [`serve`] over any storage engine and verifier (tests use the in-memory engine or a fake
+/// coordinator). Does not close `storage`.
+pub async fn serve_with(
+    config: LeaderConfig,
+    storage: Arc<dyn Storage>,
+    verifier: Arc<dyn TxnVerifier>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let node_id = config.node_id;
+    let topology = config.topology.clone();
+    let service =
+        blocking(move || LeaderService::open(&config, storage, verifier, stop_rx)).await?;
+    let address = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    info!(
+        node_id,
+        address,
+        partitions = service.inner.partitions.len(),
+        "partition leader serving"
+    );
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    tonic::transport::Server::builder()
+        .add_service(cluster::ClusterService::new(topology).into_server())
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(node::incoming(listener), shutdown)
+        .await?;
+    info!(node_id, "partition leader stopped");
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! Produce in the shell: the proto batch becomes a [`ProduceBatch`], the core validates it, then
+//! each round takes the write lock and asks the core for a [`ProduceDecision`]: a duplicate is
+//! answered, a needed verification is done with the lock released (then the round runs again),
+//! an append is made durable and applied. May touch: the partition's write lock and state, the
+//! verifier, storage (through `persist`).
+
+use proto::{ProduceRequest, ProduceResponse, RecordBatch};
+use tokio::sync::OwnedMutexGuard;
+use tracing::{debug, info};
+
+use super::{now_ms, LeaderService, Partition};
+use crate::core::{self, BatchHeader, Plan, ProduceBatch, ProduceDecision, Record};
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// What one round under the write lock decided.
+enum Round {
+    /// Answer the client.
+    Done(ProduceResponse),
+    /// Verify with the coordinator (the lock is already released), then run again.
+    Verify,
+}
+
+impl LeaderService {
+    pub(super) async fn produce_inner(&self, request: ProduceRequest) -> Result<ProduceResponse> {
+        let part = self.partition(&request.topic, request.partition)?;
+        let batch = batch_from_wire(
+            request
+                .batch
+                .ok_or_else(|| Error::InvalidRequest("missing batch".into()))?,
+        );
+        let header = core::validate_batch(&self.inner.limits, &batch)?;
+        let mut records = Some(batch.records);
+        let mut verified = false;
+        loop {
+            let round = self
+                .produce_round(
+                    &part,
+                    &header,
+                    &batch.transactional_id,
+                    verified,
+                    &mut records,
+                )
+                .await?;
+            match round {
+                Round::Done(response) => return Ok(response),
+                Round::Verify if verified => {
+                    return Err(Error::Internal("verification asked for twice".into()))
+                }
+                Round::Verify => {
+                    self.inner
+                        .verifier
+                        .verify(
+                            &batch.transactional_id,
+                            header.producer_id,
+                            header.epoch,
+                            &part.tp,
+                        )
+                        .await?;
+                    verified = true;
+                }
+            }
+        }
+    }
+
+    /// One check of the batch under the write lock, and what follows from it.
+    async fn produce_round(
+        &self,
+        part: &Arc<Partition>,
+        header: &BatchHeader,
+        transactional_id: &str,
+        verified: bool,
+        records: &mut Option<Vec<Record>>,
+    ) -> Result<Round> {
+        let guard = part.write_lock.clone().lock_owned().await;
+        part.check_online()?;
+        let now = now_ms();
+        let decision = part.state().check_produce(header, verified, now);
+        let decision = match decision {
+            Err(e @ Error::InvalidProducerEpoch(_)) => {
+                info!(partition = %part.tp, pid = header.producer_id, epoch = header.epoch,
+                      "fenced a zombie producer: {e}");
+                return Err(e);
+            }
+            other => other?,
+        };
+        match decision {
+            ProduceDecision::Duplicate { base_offset } => {
+                debug!(partition = %part.tp, pid = header.producer_id, base_offset,
+                       "duplicate batch");
+                let high_watermark = part.state().high_watermark();
+                Ok(Round::Done(ProduceResponse {
+                    base_offset,
+                    duplicate: true,
+                    high_watermark,
+                    ..Default::default()
+                }))
+            }
+            ProduceDecision::NeedsVerification => {
+                drop(guard);
+                Ok(Round::Verify)
+            }
+            ProduceDecision::Append(plan) => {
+                let records = records.take().expect("appended once");
+                let response = self
+                    .append(guard, part, header, transactional_id, plan, records, now)
+                    .await?;
+                Ok(Round::Done(response))
+            }
+        }
+    }
+
+    /// Makes the batch durable and applied, then answers with its offsets.
+    #[allow(clippy::too_many_arguments)] // one call site; the arguments are one round's context
+    async fn append(
+        &self,
+        guard: OwnedMutexGuard<()>,
+        part: &Arc<Partition>,
+        header: &BatchHeader,
+        transactional_id: &str,
+        plan: Plan,
+        records: Vec<Record>,
+        now: i64,
+    ) -> Result<ProduceResponse> {
+        let entries = core::data_entries(header, records, now);
+        let (base_offset, high_watermark) = (plan.base_offset, plan.high_watermark);
+        if let Some((pid, p)) = &plan.producer {
+            if p.txn_first_offset == Some(base_offset) {
+                info!(partition = %part.tp, pid, epoch = p.epoch, first_offset = base_offset,
+                      txn_id = %transactional_id, "transaction opened");
+            }
+        }
+        self.persist(guard, part.clone(), plan, entries).await?;
+        debug!(partition = %part.tp, pid = header.producer_id, base_offset,
+               records = header.record_count, "appended");
+        Ok(ProduceResponse {
+            base_offset,
+            duplicate: false,
+            high_watermark,
+            ..Default::default()
+        })
+    }
+}
+
+/// The proto batch as the core's [`ProduceBatch`] (not yet validated).
+fn batch_from_wire(batch: RecordBatch) -> ProduceBatch {
+    ProduceBatch {
+        producer_id: batch.producer_id,
+        producer_epoch: batch.producer_epoch,
+        base_sequence: batch.base_sequence,
+        is_transactional: batch.is_transactional,
+        transactional_id: batch.transactional_id,
+        records: batch
+            .records
+            .into_iter()
+            .map(|r| Record {
+                key: r.key,
+                value: r.value,
+                timestamp_ms: r.timestamp_ms,
+            })
+            .collect(),
+    }
+}

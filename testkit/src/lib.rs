@@ -1,0 +1,29 @@
+//! The mini-broker test kit: what more than one crate's tests need, written once. A
+//! dev-dependency only (`publish = false`); no library crate depends on it.
+//!
+//! Modules:
+//! - [`golden`]: the one golden-script runner and format (toydb's way). A crate's test file
+//!   names a folder with [`test_each_path!`] (one `#[test]` per script file) and passes each
+//!   path to [`golden::run_script`] with its own [`golden::Runner`], the thing that turns one
+//!   command into its output. `UPDATE_GOLDEN=1` rewrites the scripts from the actual output.
+//! - [`poll`]: [`eventually`], the one polling helper: wait on a condition with a deadline,
+//!   never a bare sleep ([`poll::wait_until`] is its front for a `bool` condition).
+//! - [`requests`]: protocol messages built once (EndTxn, Fetch, WriteTxnMarkers, a batch) and
+//!   the values of a fetch reply.
+//! - [`fakes`]: stand-ins served over real gRPC or called in process: [`FakeLeader`] (a
+//!   partition leader that records markers and answers with a chosen code),
+//!   [`FakeCoordinator`] (VerifyTransaction from a table the test edits) and [`FakeVerifier`]
+//!   (the leader's [`partition_leader::verify::TxnVerifier`], with a gate to hold a call).
+//!
+//! CAVEATS: scripts are listed when the test crate is compiled (as in toydb): after adding a
+//! script, touch the test file or run `cargo test` after any change to that crate. The fakes
+//! implement only what the tests use; every other RPC answers `unimplemented`.
+
+pub mod fakes;
+pub mod golden;
+pub mod poll;
+pub mod requests;
+
+pub use fakes::{FakeCoordinator, FakeLeader, FakeTxn, FakeVerifier};
+pub use poll::eventually;
+pub use test_each_file::test_each_path;
