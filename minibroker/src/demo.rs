@@ -231,7 +231,7 @@ async fn story_and_check(
         for tp in &partitions {
             for r in 0..options.records_per_partition {
                 let value = format!("A-txn{t}-{tp}-r{r}");
-                a.send(TOPIC, tp.partition, value.clone()).await?;
+                a.send_and_wait(TOPIC, tp.partition, value.clone()).await?;
                 values.push((tp.clone(), value));
             }
         }
@@ -253,7 +253,7 @@ async fn story_and_check(
     a.begin_transaction()?;
     for tp in &partitions[..2] {
         let value = format!("A-open-{tp}");
-        a.send(TOPIC, tp.partition, value.clone()).await?;
+        a.send_and_wait(TOPIC, tp.partition, value.clone()).await?;
         must_not_see.push(value);
     }
     let (zombie_pid, zombie_epoch) = (a.producer_id(), a.epoch());
@@ -288,7 +288,7 @@ async fn story_and_check(
     for tp in &partitions {
         for r in 0..options.records_per_partition {
             let value = format!("B-{tp}-r{r}");
-            b.send(TOPIC, tp.partition, value.clone()).await?;
+            b.send_and_wait(TOPIC, tp.partition, value.clone()).await?;
             b_values.push((tp.clone(), value));
         }
     }
@@ -321,7 +321,7 @@ async fn story_and_check(
     // Produce at a leader A wrote to, next sequence: through A's own client.
     let value = "A-zombie-input-0".to_string();
     must_not_see.push(value.clone());
-    let r = a.send(TOPIC, 0, value).await.map(|_| ());
+    let r = a.send_and_wait(TOPIC, 0, value).await.map(|_| ());
     record(
         "Produce input-0 at its leader (A's own client)".into(),
         r,

@@ -103,7 +103,7 @@ enum Command {
     },
     /// Run the exactly-once consume-transform-produce application.
     Process(ProcessArgs),
-    /// Benchmark the transactional producer against the idempotent one.
+    /// Benchmark the producer pipeline against the leader, and transactional against idempotent.
     Bench(BenchArgs),
 }
 
@@ -174,6 +174,10 @@ struct ProduceArgs {
     /// Pad values to this many bytes.
     #[arg(long, default_value_t = 0)]
     size: usize,
+    /// A producer setting by its Kafka name, e.g. `linger.ms=5`, `batch.size=131072`,
+    /// `max.in.flight.requests.per.connection=5`, `buffer.memory=33554432` (repeatable).
+    #[arg(long = "producer-property", value_name = "NAME=VALUE")]
+    producer_property: Vec<String>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -238,15 +242,18 @@ struct BenchArgs {
     /// Record value size in bytes.
     #[arg(long, default_value_t = 1024)]
     record_size: usize,
-    /// Records per transaction.
-    #[arg(long, default_value_t = 100)]
-    per_txn: usize,
-    /// Records per Produce request.
-    #[arg(long, default_value_t = 1)]
-    batch: usize,
-    /// Commit interval of the paced phase, ms.
+    /// Commit interval of the transactional phase, ms.
     #[arg(long, default_value_t = 100)]
     commit_interval_ms: u64,
+    /// The producers' linger.ms.
+    #[arg(long, default_value_t = 5)]
+    linger_ms: u64,
+    /// The producers' batch.size, bytes.
+    #[arg(long, default_value_t = 128 * 1024)]
+    batch_size: usize,
+    /// Producers of the concurrent phase.
+    #[arg(long, default_value_t = 8)]
+    producers: usize,
     /// Topic.
     #[arg(long, default_value = "input")]
     topic: String,
@@ -388,9 +395,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 topic: args.topic,
                 duration: Duration::from_secs(args.seconds.max(1)),
                 record_size: args.record_size,
-                records_per_txn: args.per_txn.max(1),
-                batch: args.batch.max(1),
                 commit_interval: Duration::from_millis(args.commit_interval_ms),
+                linger: Duration::from_millis(args.linger_ms),
+                batch_size: args.batch_size,
+                producers: args.producers,
             };
             let (config, cluster) = if cli.target.given() {
                 (cli.target.config()?, None)
@@ -419,29 +427,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
-                println!(
-                    "{:<24} {:>12} {:>10} {:>8} {:>10} {:>10}",
-                    "PHASE", "RECORDS/S", "MIB/S", "TXNS", "COMMIT P50", "COMMIT P99"
-                );
-                for p in [
-                    &report.idempotent,
-                    &report.transactional_paced,
-                    &report.transactional_saturated,
-                ] {
-                    println!(
-                        "{:<24} {:>12.0} {:>10.2} {:>8} {:>8.1}ms {:>8.1}ms",
-                        p.name,
-                        p.records_per_sec,
-                        p.mib_per_sec,
-                        p.transactions,
-                        p.commit_p50_ms,
-                        p.commit_p99_ms
-                    );
-                }
-                println!(
-                    "overhead ratio (idempotent / transactional saturated): {:.2}x",
-                    report.overhead_ratio
-                );
+                report.print();
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -510,6 +496,13 @@ async fn dev(
 }
 
 async fn produce(config: ClientConfig, args: ProduceArgs, json: bool) -> anyhow::Result<ExitCode> {
+    let mut config = config;
+    for property in &args.producer_property {
+        let (name, value) = property
+            .split_once('=')
+            .with_context(|| format!("--producer-property {property:?} is not NAME=VALUE"))?;
+        config = config.set(name.trim(), value)?;
+    }
     let admin = Admin::new(config.clone())?;
     let partitions = admin
         .metadata()
@@ -541,10 +534,25 @@ async fn produce(config: ClientConfig, args: ProduceArgs, json: bool) -> anyhow:
     match &args.transactional_id {
         None => {
             let mut producer = IdempotentProducer::connect(config).await?;
+            // send() returns at once; the pipeline batches and keeps requests in flight. The
+            // deliveries are checked in order, keeping at most `window` outstanding.
+            let window = 100_000;
+            let mut pending = std::collections::VecDeque::new();
             for n in 0..args.records {
-                producer
-                    .send(&args.topic, partition_of(n), value(n))
-                    .await?;
+                pending.push_back(
+                    producer
+                        .send(&args.topic, partition_of(n), value(n))
+                        .await?,
+                );
+                while pending.len() > window {
+                    pending.pop_front().expect("non-empty").await?;
+                    committed += 1;
+                    progress(committed);
+                }
+            }
+            producer.flush().await?;
+            for delivery in pending {
+                delivery.await?;
                 committed += 1;
                 progress(committed);
             }
@@ -568,12 +576,24 @@ async fn produce(config: ClientConfig, args: ProduceArgs, json: bool) -> anyhow:
                     txns += 1;
                     producer.begin_transaction()?;
                     let end = (n + per_txn).min(args.records);
+                    let mut deliveries = Vec::new();
                     for i in n..end {
-                        producer
-                            .send(&args.topic, partition_of(i), value(i))
-                            .await?;
+                        deliveries.push(
+                            producer
+                                .send(&args.topic, partition_of(i), value(i))
+                                .await?,
+                        );
                     }
-                    if args.abort_every > 0 && txns % args.abort_every == 0 {
+                    // Commit flushes first (and fails if any record failed); aborting fails
+                    // the records not sent yet. Either way every delivery is resolved after.
+                    let aborting = args.abort_every > 0 && (txns % args.abort_every) == 0;
+                    if !aborting {
+                        producer.flush().await?;
+                        for delivery in deliveries {
+                            delivery.await?;
+                        }
+                    }
+                    if aborting {
                         producer.abort_transaction().await?;
                         aborted += end - n;
                         aborted_txns += 1;
