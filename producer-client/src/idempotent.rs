@@ -112,15 +112,18 @@ impl IdempotentProducer {
         self.pipeline.append(tp, record).await
     }
 
-    /// [`IdempotentProducer::send`], then waits for the acknowledgement (Java's
-    /// `producer.send(record).get()`): one record per `linger.ms` at best, for tests and tools.
+    /// [`IdempotentProducer::send`], then a flush, then waits for the acknowledgement (Java's
+    /// `producer.send(record); producer.flush(); future.get()`): one record per round trip, for
+    /// tests and tools.
     pub async fn send_and_wait(
         &mut self,
         topic: &str,
         target: impl Into<Target>,
         value: impl Into<Vec<u8>>,
     ) -> Result<RecordMetadata> {
-        self.send(topic, target, value).await?.await
+        let delivery = self.send(topic, target, value).await?;
+        self.pipeline.flush().await;
+        delivery.await
     }
 
     /// Sends several records to one partition and waits for all of them; returns the first

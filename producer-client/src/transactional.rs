@@ -361,8 +361,9 @@ impl TransactionalProducer {
         }
     }
 
-    /// [`TransactionalProducer::send`], then waits for the acknowledgement (Java's
-    /// `producer.send(record).get()`); a failure is also recorded against the transaction.
+    /// [`TransactionalProducer::send`], then a flush, then waits for the acknowledgement (Java's
+    /// `producer.send(record); producer.flush(); future.get()`); a failure is also recorded
+    /// against the transaction.
     pub async fn send_and_wait(
         &mut self,
         topic: &str,
@@ -370,7 +371,10 @@ impl TransactionalProducer {
         value: impl Into<Vec<u8>>,
     ) -> Result<RecordMetadata> {
         let result = match self.send(topic, target, value).await {
-            Ok(delivery) => delivery.await,
+            Ok(delivery) => {
+                self.pipeline.flush().await;
+                delivery.await
+            }
             Err(e) => Err(e),
         };
         self.sync_failure();
