@@ -649,8 +649,10 @@ mod tests {
         out.iter().map(|o| o.base_sequence).collect()
     }
 
-    /// (delivered waiters with offsets, failed waiters with error code names).
-    fn outcomes(done: Vec<Completion<u32>>) -> (Vec<(u32, i64)>, Vec<(u32, &'static str)>) {
+    /// Delivered waiters with their offsets, failed waiters with their error code names.
+    type Outcomes = (Vec<(u32, i64)>, Vec<(u32, &'static str)>);
+
+    fn outcomes(done: Vec<Completion<u32>>) -> Outcomes {
         let (mut ok, mut failed) = (vec![], vec![]);
         for c in done {
             match c {

@@ -5,7 +5,7 @@
 //! is no fencing across instances (PROTOCOL.md, seed: "only transactional producers get
 //! coordinator-driven cross-instance fencing").
 //!
-//! `send` goes through the pipeline ([`crate::pipeline`]): it returns a [`DeliveryFuture`] at
+//! `send` goes through the pipeline (module `pipeline`): it returns a [`DeliveryFuture`] at
 //! once; records are batched per partition (`linger.ms`, `batch.size`) with up to
 //! `max.in.flight.requests.per.connection` Produce requests per partition in flight.
 //!

@@ -1,6 +1,6 @@
 //! What both producers share: building record batches, resolving a target to a partition, and
 //! sending one Produce with retries (the raw requests of [`crate::RawRequests`]; the producers
-//! send through [`crate::pipeline`]).
+//! send through the pipeline).
 //!
 //! A Produce is retried with the *same* batch (same PID, epoch and base sequence): if the first
 //! attempt was appended and only its answer was lost, the leader recognises the duplicate among
