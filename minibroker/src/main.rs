@@ -584,14 +584,12 @@ async fn produce(config: ClientConfig, args: ProduceArgs, json: bool) -> anyhow:
                                 .await?,
                         );
                     }
-                    // Commit flushes first (and fails if any record failed); aborting fails
-                    // the records not sent yet. Either way every delivery is resolved after.
+                    // Every record is written before the decision, so an aborted transaction's
+                    // records are in the log (and hidden from read_committed readers).
                     let aborting = args.abort_every > 0 && (txns % args.abort_every) == 0;
-                    if !aborting {
-                        producer.flush().await?;
-                        for delivery in deliveries {
-                            delivery.await?;
-                        }
+                    producer.flush().await?;
+                    for delivery in deliveries {
+                        delivery.await?;
                     }
                     if aborting {
                         producer.abort_transaction().await?;
