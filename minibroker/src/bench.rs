@@ -121,7 +121,7 @@ impl BenchReport {
             self.pipeline_ratio
         );
         println!(
-            "concurrent ratio (idempotent-{}x / leader-grpc-batch100): {:.2}x",
+            "concurrent ratio ({} / leader-grpc-batch100): {:.2}x",
             self.phases.last().map_or("", |p| p.name.as_str()),
             self.concurrent_ratio
         );
