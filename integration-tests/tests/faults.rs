@@ -20,7 +20,7 @@ async fn coordinator_killed_between_prepare_commit_and_complete_commit() {
     let mut p = producer(&cluster, id).await;
     p.begin_transaction().unwrap();
     for partition in 0..3 {
-        p.send("input", partition, format!("v{partition}"))
+        p.send_and_wait("input", partition, format!("v{partition}"))
             .await
             .unwrap();
     }
@@ -53,7 +53,7 @@ async fn coordinator_killed_between_prepare_commit_and_complete_commit() {
 
     // The producer carries on with the (PID, epoch) EndTxn gave it.
     p.begin_transaction().unwrap();
-    p.send("input", 0, "after").await.unwrap();
+    p.send_and_wait("input", 0, "after").await.unwrap();
     p.commit_transaction().await.unwrap();
     let seen = values(&cluster, "input", Isolation::ReadCommitted).await;
     assert_eq!(seen.iter().filter(|v| *v == "v0").count(), 1);
@@ -66,7 +66,7 @@ async fn leader_restarted_mid_transaction() {
     let id = "app";
     let mut p = producer(&cluster, id).await;
     p.begin_transaction().unwrap();
-    p.send("input", 0, "before-restart").await.unwrap();
+    p.send_and_wait("input", 0, "before-restart").await.unwrap();
     let leader = cluster.topology().leader_for("input", 0).unwrap().id;
     cluster.bounce(leader).await.unwrap();
     // The restarted leader remembers the open transaction: it still holds the LSO back.
@@ -82,8 +82,10 @@ async fn leader_restarted_mid_transaction() {
         0
     );
     // ... and the producer's sequence state: the next sequence is accepted.
-    p.send("input", 0, "after-restart").await.unwrap();
-    p.send("input", 1, "other-partition").await.unwrap();
+    p.send_and_wait("input", 0, "after-restart").await.unwrap();
+    p.send_and_wait("input", 1, "other-partition")
+        .await
+        .unwrap();
     p.commit_transaction().await.unwrap();
     let by_partition =
         integration_tests::read_topic(&cluster, "input", Isolation::ReadCommitted).await;
@@ -270,7 +272,7 @@ async fn commit_is_retried_across_a_coordinator_restart() {
     let id = "app";
     let mut p = producer(&cluster, id).await;
     p.begin_transaction().unwrap();
-    p.send("input", 0, "v").await.unwrap();
+    p.send_and_wait("input", 0, "v").await.unwrap();
     let owner = cluster.coordinator_for(id);
     cluster.kill(owner).await.unwrap();
     let commit = tokio::spawn(async move {
@@ -285,7 +287,7 @@ async fn commit_is_retried_across_a_coordinator_restart() {
         vec!["v"]
     );
     p.begin_transaction().unwrap();
-    p.send("input", 1, "w").await.unwrap();
+    p.send_and_wait("input", 1, "w").await.unwrap();
     p.commit_transaction().await.unwrap();
 }
 
@@ -296,12 +298,12 @@ async fn idempotent_producer_across_a_leader_restart() {
     let mut p = IdempotentProducer::connect(config(&cluster)).await.unwrap();
     assert_eq!(p.epoch(), 0);
     for i in 0..5 {
-        p.send("input", 0, format!("v{i}")).await.unwrap();
+        p.send_and_wait("input", 0, format!("v{i}")).await.unwrap();
     }
     let leader = cluster.topology().leader_for("input", 0).unwrap().id;
     cluster.bounce(leader).await.unwrap();
     for i in 5..10 {
-        p.send("input", 0, format!("v{i}")).await.unwrap();
+        p.send_and_wait("input", 0, format!("v{i}")).await.unwrap();
     }
     let expected: Vec<String> = (0..10).map(|i| format!("v{i}")).collect();
     let by_partition =
@@ -326,11 +328,11 @@ async fn send_is_retried_until_a_killed_leader_returns() {
     let mut cluster = cluster().await;
     let mut p = producer(&cluster, "app").await;
     p.begin_transaction().unwrap();
-    p.send("input", 0, "first").await.unwrap();
+    p.send_and_wait("input", 0, "first").await.unwrap();
     let leader = cluster.topology().leader_for("input", 0).unwrap().id;
     cluster.kill(leader).await.unwrap();
     let send = tokio::spawn(async move {
-        let result = p.send("input", 0, "second").await;
+        let result = p.send_and_wait("input", 0, "second").await;
         (p, result)
     });
     cluster.restart(leader).await.unwrap();

@@ -33,7 +33,7 @@ async fn second_instance_gets_same_pid_higher_epoch_and_fences_the_first_everywh
     let id = "app";
     let mut a = producer(&cluster, id).await;
     a.begin_transaction().unwrap();
-    a.send("input", 0, "a-open-0").await.unwrap();
+    a.send_and_wait("input", 0, "a-open-0").await.unwrap();
     let (pid, a_epoch) = (a.producer_id(), a.epoch());
 
     let mut b = producer(&cluster, id).await;
@@ -56,7 +56,7 @@ async fn second_instance_gets_same_pid_higher_epoch_and_fences_the_first_everywh
         assert!(matches!(e, Error::ProducerFenced(_)), "{e:?}");
     }
     // Leader: Produce with A's epoch where A wrote -> INVALID_PRODUCER_EPOCH (abortable).
-    let e = a.send("input", 0, "a-zombie-0").await.unwrap_err();
+    let e = a.send_and_wait("input", 0, "a-zombie-0").await.unwrap_err();
     assert!(matches!(e, Error::InvalidProducerEpoch(_)), "{e:?}");
     assert!(e.is_abortable() && !e.is_fatal());
     // The application aborts as told: EndTxn at the coordinator says PRODUCER_FENCED, fatal.
@@ -66,12 +66,16 @@ async fn second_instance_gets_same_pid_higher_epoch_and_fences_the_first_everywh
     assert!(a.begin_transaction().unwrap_err().is_fatal());
     assert!(a.commit_transaction().await.unwrap_err().is_fatal());
     assert!(a.abort_transaction().await.unwrap_err().is_fatal());
-    assert!(a.send("input", 1, "x").await.unwrap_err().is_fatal());
+    assert!(a
+        .send_and_wait("input", 1, "x")
+        .await
+        .unwrap_err()
+        .is_fatal());
     assert!(a.fatal_error().is_some());
 
     // B is unaffected.
     b.begin_transaction().unwrap();
-    b.send("input", 0, "b-0").await.unwrap();
+    b.send_and_wait("input", 0, "b-0").await.unwrap();
     b.commit_transaction().await.unwrap();
     assert_eq!(
         values(&cluster, "input", Isolation::ReadCommitted).await,
@@ -85,11 +89,13 @@ async fn old_instance_open_transaction_is_aborted_and_invisible() {
     let id = "app";
     let mut a = producer(&cluster, id).await;
     a.begin_transaction().unwrap();
-    a.send("input", 0, "a-committed").await.unwrap();
+    a.send_and_wait("input", 0, "a-committed").await.unwrap();
     a.commit_transaction().await.unwrap();
     a.begin_transaction().unwrap();
     for p in 0..3 {
-        a.send("input", p, format!("a-open-{p}")).await.unwrap();
+        a.send_and_wait("input", p, format!("a-open-{p}"))
+            .await
+            .unwrap();
     }
     // The open transaction holds back read_committed readers (LSO) but not read_uncommitted.
     // (The first commit is complete: the coordinator refused AddPartitionsToTxn with
@@ -122,7 +128,7 @@ async fn zombie_is_rejected_at_a_partition_it_never_wrote_to() {
     let id = "app";
     let mut a = producer(&cluster, id).await;
     a.begin_transaction().unwrap();
-    a.send("input", 0, "a-0").await.unwrap();
+    a.send_and_wait("input", 0, "a-0").await.unwrap();
     let (pid, a_epoch) = (a.producer_id(), a.epoch());
     let _b = producer(&cluster, id).await;
 
@@ -142,7 +148,7 @@ async fn zombie_is_rejected_at_a_partition_it_never_wrote_to() {
         .unwrap_err();
     assert!(matches!(e, Error::InvalidProducerEpoch(_)), "{e:?}");
     // A's own client adds the partition first, and the coordinator fences it there.
-    let e = a.send("input", 2, "zombie").await.unwrap_err();
+    let e = a.send_and_wait("input", 2, "zombie").await.unwrap_err();
     assert!(matches!(e, Error::ProducerFenced(_)), "{e:?}");
     // Nothing reached input-2's log.
     let all = integration_tests::read_topic(&cluster, "input", Isolation::ReadUncommitted).await;
@@ -155,7 +161,7 @@ async fn kip360_abortable_error_then_bump_with_expected_epoch_then_success() {
     let id = "app";
     let mut a = producer(&cluster, id).await;
     a.begin_transaction().unwrap();
-    a.send("input", 0, "lost-0").await.unwrap(); // seq 0
+    a.send_and_wait("input", 0, "lost-0").await.unwrap(); // seq 0
     let (pid, epoch) = (a.producer_id(), a.epoch());
     // Someone else writes seq 1..2 with A's identity: A's next batch (seq 1) is now out of order.
     let raw = RawRequests::new(config(&cluster)).unwrap();
@@ -169,7 +175,7 @@ async fn kip360_abortable_error_then_bump_with_expected_epoch_then_success() {
     )
     .await
     .unwrap();
-    let e = a.send("input", 0, "lost-3").await.unwrap_err();
+    let e = a.send_and_wait("input", 0, "lost-3").await.unwrap_err();
     assert!(matches!(e, Error::OutOfOrderSequence(_)), "{e:?}");
     assert!(e.is_abortable() && e.needs_epoch_bump() && !e.is_fatal());
     // The transaction cannot commit...
@@ -203,8 +209,8 @@ async fn kip360_abortable_error_then_bump_with_expected_epoch_then_success() {
 
     // And the producer carries on.
     a.begin_transaction().unwrap();
-    a.send("input", 0, "ok-0").await.unwrap();
-    a.send("input", 1, "ok-1").await.unwrap();
+    a.send_and_wait("input", 0, "ok-0").await.unwrap();
+    a.send_and_wait("input", 1, "ok-1").await.unwrap();
     a.commit_transaction().await.unwrap();
     let mut seen = values(&cluster, "input", Isolation::ReadCommitted).await;
     seen.sort();
@@ -238,7 +244,7 @@ async fn epoch_exhaustion_rotates_the_pid_without_the_application_noticing() {
     for t in 0..10 {
         p.begin_transaction().unwrap();
         let v = format!("t{t}");
-        p.send("input", t % 3, v.clone()).await.unwrap();
+        p.send_and_wait("input", t % 3, v.clone()).await.unwrap();
         let before = (p.producer_id(), p.epoch());
         p.commit_transaction().await.unwrap();
         committed.push(v);
@@ -288,7 +294,7 @@ async fn epoch_exhaustion_through_the_protocol_only() {
     let mut p = producer(&cluster, id).await;
     for t in 0..10 {
         p.begin_transaction().unwrap();
-        p.send("input", 0, format!("t{t}")).await.unwrap();
+        p.send_and_wait("input", 0, format!("t{t}")).await.unwrap();
         p.commit_transaction().await.unwrap();
     }
     assert_ne!(p.producer_id(), pid);
@@ -318,7 +324,7 @@ async fn transaction_timeout_aborts_a_stalled_producer_with_the_timed_out_error(
     a.init_transactions().await.unwrap();
     let (pid, epoch) = (a.producer_id(), a.epoch());
     a.begin_transaction().unwrap();
-    a.send("input", 0, "stalled").await.unwrap();
+    a.send_and_wait("input", 0, "stalled").await.unwrap();
     // The producer stalls; the coordinator's timeout scan aborts the transaction.
     wait_until(
         Duration::from_secs(10),
@@ -339,7 +345,7 @@ async fn transaction_timeout_aborts_a_stalled_producer_with_the_timed_out_error(
     assert_eq!(a.producer_id(), pid);
     assert!(a.epoch() > epoch);
     a.begin_transaction().unwrap();
-    a.send("input", 0, "after").await.unwrap();
+    a.send_and_wait("input", 0, "after").await.unwrap();
     a.commit_transaction().await.unwrap();
     assert_eq!(
         values(&cluster, "input", Isolation::ReadCommitted).await,
@@ -348,7 +354,7 @@ async fn transaction_timeout_aborts_a_stalled_producer_with_the_timed_out_error(
 
     // A genuinely newer instance still fences it with PRODUCER_FENCED.
     a.begin_transaction().unwrap();
-    a.send("input", 1, "x").await.unwrap();
+    a.send_and_wait("input", 1, "x").await.unwrap();
     let _b = producer(&cluster, id).await;
     let e = a.commit_transaction().await.unwrap_err();
     assert!(e.is_fatal(), "{e:?}");
@@ -373,7 +379,10 @@ async fn keyed_sends_and_a_long_polling_read_committed_consumer() {
     p.begin_transaction().unwrap();
     let mut expected = Vec::new();
     for key in ["alice", "bob", "carol"] {
-        let m = p.send("input", key, format!("{key}-value")).await.unwrap();
+        let m = p
+            .send_and_wait("input", key, format!("{key}-value"))
+            .await
+            .unwrap();
         assert_eq!(
             m.partition.partition,
             producer_client::partitioner::partition_for_key(key.as_bytes(), 3)
@@ -403,7 +412,7 @@ async fn end_txn_retry_with_the_same_decision_is_answered_not_fenced() {
     let id = "app";
     let mut p = producer(&cluster, id).await;
     p.begin_transaction().unwrap();
-    p.send("input", 0, "v").await.unwrap();
+    p.send_and_wait("input", 0, "v").await.unwrap();
     let (pid, epoch) = (p.producer_id(), p.epoch());
     p.commit_transaction().await.unwrap();
     wait_until(Duration::from_secs(10), "the commit completes", || async {
@@ -434,7 +443,7 @@ async fn group_offsets_commit_and_abort_with_the_transaction() {
         |o: i64| std::collections::BTreeMap::from([(tp("input", 0), o), (tp("input", 1), o + 1)]);
 
     p.begin_transaction().unwrap();
-    p.send("output", 0, "aborted").await.unwrap();
+    p.send_and_wait("output", 0, "aborted").await.unwrap();
     p.send_offsets_to_transaction(&offsets(10), group)
         .await
         .unwrap();
@@ -446,7 +455,7 @@ async fn group_offsets_commit_and_abort_with_the_transaction() {
         .is_empty());
 
     p.begin_transaction().unwrap();
-    p.send("output", 0, "committed").await.unwrap();
+    p.send_and_wait("output", 0, "committed").await.unwrap();
     p.send_offsets_to_transaction(&offsets(20), group)
         .await
         .unwrap();

@@ -1,19 +1,26 @@
-//! `minibroker bench`: the client end to end, transactional vs idempotent, in the same run.
+//! `minibroker bench`: the client's producer pipeline end to end, against the leader's own
+//! figure measured in the same run.
 //!
-//! Both producers write 1 KiB records round-robin over the partitions of one topic, each Produce
-//! carrying `batch` records and awaited before the next (the client keeps one request in flight).
-//! The transactional producer wraps every `records_per_txn` records (default 100) in a
-//! transaction; it runs twice:
-//! - **paced**: a transaction is committed every `commit_interval` (default 100 ms): begin, 100
-//!   records, commit, then wait for the next tick (Kafka Streams' `commit.interval.ms`);
-//! - **saturated**: transactions back to back, to measure the protocol's cost at full speed.
+//! Phases, one after the other, each `duration` long, 1 KiB records by default:
+//! - **leader-grpc-batch100**: raw Produce requests of 100 records to partition 0, one at a time
+//!   (what the leader takes over gRPC; the yardstick);
+//! - **idempotent-1p**: one idempotent producer through the pipeline (`linger.ms`, `batch.size`,
+//!   5 in flight) to partition 0; its ratio to the yardstick is the headline figure;
+//! - **idempotent**: the same, round robin over every partition (the base of the overhead);
+//! - **transactional-100ms**: a transactional producer, round robin over every partition, a
+//!   commit every `commit_interval` (Kafka Streams' `commit.interval.ms`);
+//! - **idempotent-NxP**: `producers` idempotent producers at once, round robin.
 //!
-//! The idempotent producer runs saturated. The overhead ratio is idempotent throughput divided
-//! by transactional (saturated) throughput.
+//! Every phase sends as fast as `send` returns, then flushes; its rate counts acknowledged
+//! records over the whole phase including the flush.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use producer_client::{ClientConfig, IdempotentProducer, TransactionalProducer};
+use producer_client::{
+    ClientConfig, DeliveryFuture, IdempotentProducer, RawRequests, TopicPartition,
+    TransactionalProducer,
+};
 use serde::Serialize;
 
 /// Benchmark settings.
@@ -25,12 +32,14 @@ pub struct BenchOptions {
     pub duration: Duration,
     /// Bytes per record value.
     pub record_size: usize,
-    /// Records per transaction.
-    pub records_per_txn: usize,
-    /// Records per Produce request.
-    pub batch: usize,
-    /// Commit cadence of the paced phase.
+    /// Commit cadence of the transactional phase.
     pub commit_interval: Duration,
+    /// The producers' `linger.ms`.
+    pub linger: Duration,
+    /// The producers' `batch.size`.
+    pub batch_size: usize,
+    /// Producers of the concurrent phase.
+    pub producers: usize,
 }
 
 impl Default for BenchOptions {
@@ -39,9 +48,10 @@ impl Default for BenchOptions {
             topic: "input".into(),
             duration: Duration::from_secs(10),
             record_size: 1024,
-            records_per_txn: 100,
-            batch: 1,
             commit_interval: Duration::from_millis(100),
+            linger: Duration::from_millis(5),
+            batch_size: 128 * 1024,
+            producers: 8,
         }
     }
 }
@@ -51,7 +61,7 @@ impl Default for BenchOptions {
 pub struct PhaseResult {
     /// Phase name.
     pub name: String,
-    /// Records acknowledged (committed, for the transactional phases).
+    /// Records acknowledged (committed, for the transactional phase).
     pub records: u64,
     /// Wall time.
     pub seconds: f64,
@@ -59,7 +69,7 @@ pub struct PhaseResult {
     pub records_per_sec: f64,
     /// MiB per second of record values.
     pub mib_per_sec: f64,
-    /// Transactions committed (0 for the idempotent phase).
+    /// Transactions committed (0 for the others).
     pub transactions: u64,
     /// Median commit_transaction latency, ms.
     pub commit_p50_ms: f64,
@@ -70,22 +80,56 @@ pub struct PhaseResult {
 /// The whole benchmark's result.
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchReport {
-    /// Idempotent producer, saturated.
-    pub idempotent: PhaseResult,
-    /// Transactional producer, a commit every `commit_interval`.
-    pub transactional_paced: PhaseResult,
-    /// Transactional producer, transactions back to back.
-    pub transactional_saturated: PhaseResult,
-    /// idempotent / transactional_saturated records per second.
+    /// Every phase, in order.
+    pub phases: Vec<PhaseResult>,
+    /// idempotent-1p / leader-grpc-batch100 (target >= 0.7).
+    pub pipeline_ratio: f64,
+    /// idempotent / transactional-100ms records per second (target <= 1.03).
     pub overhead_ratio: f64,
+    /// idempotent-NxP / leader-grpc-batch100.
+    pub concurrent_ratio: f64,
     /// Settings, for the record.
     pub record_size: usize,
-    /// See [`BenchOptions::records_per_txn`].
-    pub records_per_txn: usize,
-    /// See [`BenchOptions::batch`].
-    pub batch: usize,
+    /// See [`BenchOptions::linger`].
+    pub linger_ms: u64,
+    /// See [`BenchOptions::batch_size`].
+    pub batch_size: usize,
     /// See [`BenchOptions::commit_interval`].
     pub commit_interval_ms: u64,
+}
+
+impl BenchReport {
+    /// The human table.
+    pub fn print(&self) {
+        println!(
+            "{:<24} {:>12} {:>10} {:>8} {:>10} {:>10}",
+            "PHASE", "RECORDS/S", "MIB/S", "TXNS", "COMMIT P50", "COMMIT P99"
+        );
+        for p in &self.phases {
+            println!(
+                "{:<24} {:>12.0} {:>10.2} {:>8} {:>8.1}ms {:>8.1}ms",
+                p.name,
+                p.records_per_sec,
+                p.mib_per_sec,
+                p.transactions,
+                p.commit_p50_ms,
+                p.commit_p99_ms
+            );
+        }
+        println!(
+            "pipeline ratio (idempotent-1p / leader-grpc-batch100): {:.2}x",
+            self.pipeline_ratio
+        );
+        println!(
+            "concurrent ratio ({} / leader-grpc-batch100): {:.2}x",
+            self.phases.last().map_or("", |p| p.name.as_str()),
+            self.concurrent_ratio
+        );
+        println!(
+            "transactional overhead (idempotent / transactional-100ms): {:.3}x",
+            self.overhead_ratio
+        );
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -125,141 +169,166 @@ async fn partitions(config: &ClientConfig, topic: &str) -> anyhow::Result<i32> {
         .ok_or_else(|| anyhow::anyhow!("topic {topic} does not exist"))
 }
 
-/// What every phase writes: `batch` copies of one value per Produce, round robin over
-/// `partitions` (continuing where the previous phase stopped).
-struct Load {
+/// Deliveries not checked yet; checked in order, at most `WINDOW` outstanding.
+const WINDOW: usize = 50_000;
+
+async fn settle(pending: &mut VecDeque<DeliveryFuture>, keep: usize) -> anyhow::Result<u64> {
+    let mut acked = 0;
+    while pending.len() > keep {
+        pending.pop_front().expect("non-empty").await?;
+        acked += 1;
+    }
+    Ok(acked)
+}
+
+/// One idempotent producer sending to `targets` round robin for `duration`, then flushing.
+async fn idempotent_run(
+    config: ClientConfig,
     topic: String,
-    partitions: i32,
-    batch: usize,
+    targets: Vec<i32>,
+    duration: Duration,
     value: Vec<u8>,
-    next_partition: i32,
+) -> anyhow::Result<u64> {
+    let mut producer = IdempotentProducer::connect(config).await?;
+    let start = Instant::now();
+    let mut pending = VecDeque::new();
+    let mut acked = 0u64;
+    let mut i = 0usize;
+    while start.elapsed() < duration {
+        let p = targets[i % targets.len()];
+        i += 1;
+        pending.push_back(producer.send(&topic, p, value.clone()).await?);
+        acked += settle(&mut pending, WINDOW).await?;
+    }
+    producer.flush().await?;
+    acked += settle(&mut pending, 0).await?;
+    Ok(acked)
 }
 
-impl Load {
-    fn values(&self) -> Vec<Vec<u8>> {
-        vec![self.value.clone(); self.batch]
-    }
-
-    fn next(&mut self) -> i32 {
-        let p = self.next_partition;
-        self.next_partition = (p + 1) % self.partitions;
-        p
-    }
-}
-
-/// Runs the three phases one after the other. `progress` gets a line per phase.
+/// Runs every phase. `progress` gets a line per phase.
 pub async fn run(
     config: ClientConfig,
     options: BenchOptions,
     mut progress: impl FnMut(&PhaseResult),
 ) -> anyhow::Result<BenchReport> {
-    let mut load = Load {
-        topic: options.topic.clone(),
-        partitions: partitions(&config, &options.topic).await?,
-        batch: options.batch.clamp(1, options.records_per_txn.max(1)),
-        value: vec![b'x'; options.record_size],
-        next_partition: 0,
-    };
-    let batch = load.batch;
-    let idempotent = idempotent_phase(&config, &options, &mut load).await?;
-    progress(&idempotent);
-    let mut results = Vec::new();
-    for (name, paced) in [
-        ("transactional-paced", true),
-        ("transactional-saturated", false),
-    ] {
-        let result = transactional_phase(&config, &options, &mut load, name, paced).await?;
-        progress(&result);
-        results.push(result);
-    }
-    let transactional_saturated = results.pop().expect("two phases");
-    let transactional_paced = results.pop().expect("two phases");
-    let overhead_ratio =
-        idempotent.records_per_sec / transactional_saturated.records_per_sec.max(1e-9);
-    Ok(BenchReport {
-        idempotent,
-        transactional_paced,
-        transactional_saturated,
-        overhead_ratio,
-        record_size: options.record_size,
-        records_per_txn: options.records_per_txn,
-        batch,
-        commit_interval_ms: options.commit_interval.as_millis() as u64,
-    })
-}
+    let n = partitions(&config, &options.topic).await?;
+    let all: Vec<i32> = (0..n).collect();
+    let value = vec![b'x'; options.record_size];
+    let size = options.record_size;
+    let producer_config = config
+        .clone()
+        .with_linger(options.linger)
+        .with_batch_size(options.batch_size)
+        .with_buffer_memory(options.batch_size.max(32 * 1024 * 1024));
+    let mut phases = Vec::new();
 
-/// Idempotent, saturated: Produce as fast as the replies come back.
-async fn idempotent_phase(
-    config: &ClientConfig,
-    options: &BenchOptions,
-    load: &mut Load,
-) -> anyhow::Result<PhaseResult> {
-    let mut idem = IdempotentProducer::connect(config.clone()).await?;
+    // The yardstick: raw Produce of 100 records, one request at a time, to partition 0.
+    let raw = RawRequests::new(config.clone())?;
+    let id = format!("bench-raw-{}", std::process::id());
+    let (pid, epoch) = raw.init_producer_id(&id, 60_000, None).await?;
+    let tp = TopicPartition::new(options.topic.clone(), 0);
     let start = Instant::now();
-    let mut sent = 0u64;
+    let (mut sent, mut seq) = (0u64, 0i32);
     while start.elapsed() < options.duration {
-        let p = load.next();
-        idem.send_batch(&load.topic, p, load.values()).await?;
-        sent += load.batch as u64;
+        raw.produce(&tp, None, pid, epoch, seq, vec![value.clone(); 100])
+            .await?;
+        sent += 100;
+        seq += 100;
     }
-    Ok(phase(
-        "idempotent",
-        sent,
-        start.elapsed(),
-        options.record_size,
-        vec![],
-    ))
-}
+    let leader = phase("leader-grpc-batch100", sent, start.elapsed(), size, vec![]);
+    progress(&leader);
+    phases.push(leader);
 
-/// Transactional: `records_per_txn` records per transaction, committed back to back
-/// (saturated) or once per `commit_interval` (paced). Commit latencies are recorded.
-async fn transactional_phase(
-    config: &ClientConfig,
-    options: &BenchOptions,
-    load: &mut Load,
-    name: &str,
-    paced: bool,
-) -> anyhow::Result<PhaseResult> {
+    for (name, targets) in [("idempotent-1p", vec![0]), ("idempotent", all.clone())] {
+        let start = Instant::now();
+        let acked = idempotent_run(
+            producer_config.clone(),
+            options.topic.clone(),
+            targets,
+            options.duration,
+            value.clone(),
+        )
+        .await?;
+        let result = phase(name, acked, start.elapsed(), size, vec![]);
+        progress(&result);
+        phases.push(result);
+    }
+
+    // Transactional, a commit every commit_interval, sending as fast as it can in between.
     let mut producer = TransactionalProducer::connect(
-        config
+        producer_config
             .clone()
-            .with_transactional_id(format!("bench-{name}-{}", std::process::id())),
+            .with_transactional_id(format!("bench-txn-{}", std::process::id())),
     )
     .await?;
     producer.init_transactions().await?;
     let start = Instant::now();
-    let mut committed = 0u64;
-    let mut commits = Vec::new();
-    let mut next_tick = start + options.commit_interval;
+    let (mut committed, mut commits, mut i) = (0u64, Vec::new(), 0usize);
     while start.elapsed() < options.duration {
         producer.begin_transaction()?;
-        let mut in_txn = 0;
-        while in_txn < options.records_per_txn {
-            let p = load.next();
-            producer.send_batch(&load.topic, p, load.values()).await?;
-            in_txn += load.batch;
+        let txn_start = Instant::now();
+        let mut deliveries = Vec::new();
+        while txn_start.elapsed() < options.commit_interval {
+            let p = all[i % all.len()];
+            i += 1;
+            deliveries.push(producer.send(&options.topic, p, value.clone()).await?);
         }
         let t = Instant::now();
         producer.commit_transaction().await?;
         commits.push(t.elapsed().as_secs_f64() * 1000.0);
-        committed += in_txn as u64;
-        if paced {
-            let now = Instant::now();
-            if next_tick > now {
-                tokio::time::sleep_until(next_tick.into()).await;
-            }
-            next_tick += options.commit_interval;
-            // Fell behind by more than a tick: do not try to catch up in a burst.
-            if next_tick < Instant::now() {
-                next_tick = Instant::now() + options.commit_interval;
-            }
+        for d in deliveries {
+            d.await?;
+            committed += 1;
         }
     }
-    Ok(phase(
-        name,
+    let txn = phase(
+        "transactional-100ms",
         committed,
         start.elapsed(),
-        options.record_size,
+        size,
         commits,
-    ))
+    );
+    progress(&txn);
+    phases.push(txn);
+    drop(producer);
+
+    // Several producers at once.
+    let start = Instant::now();
+    let runs: Vec<_> = (0..options.producers.max(1))
+        .map(|_| {
+            tokio::spawn(idempotent_run(
+                producer_config.clone(),
+                options.topic.clone(),
+                all.clone(),
+                options.duration,
+                value.clone(),
+            ))
+        })
+        .collect();
+    let mut acked = 0;
+    for r in runs {
+        acked += r.await??;
+    }
+    let name = format!("idempotent-{}x{n}", options.producers.max(1));
+    let concurrent = phase(&name, acked, start.elapsed(), size, vec![]);
+    progress(&concurrent);
+    phases.push(concurrent);
+
+    let rate = |name: &str| {
+        phases
+            .iter()
+            .find(|p| p.name == name)
+            .map_or(0.0, |p| p.records_per_sec)
+    };
+    let yardstick = rate("leader-grpc-batch100").max(1e-9);
+    Ok(BenchReport {
+        pipeline_ratio: rate("idempotent-1p") / yardstick,
+        overhead_ratio: rate("idempotent") / rate("transactional-100ms").max(1e-9),
+        concurrent_ratio: rate(&name) / yardstick,
+        phases,
+        record_size: options.record_size,
+        linger_ms: options.linger.as_millis() as u64,
+        batch_size: options.batch_size,
+        commit_interval_ms: options.commit_interval.as_millis() as u64,
+    })
 }

@@ -22,8 +22,26 @@ pub struct ClientConfig {
     pub retry_backoff: Duration,
     /// Cap on one backoff.
     pub retry_backoff_max: Duration,
-    /// How many times a retriable error is retried before it reaches the application.
+    /// How many times a retriable error is retried before it reaches the application
+    /// (coordinator and metadata requests; Produce is bounded by `delivery_timeout` instead).
     pub max_retries: u32,
+    /// Kafka's `linger.ms`: how long a batch waits for more records before it closes.
+    pub linger: Duration,
+    /// Kafka's `batch.size`: a batch closes once it holds this many bytes (records count their
+    /// key, value and a fixed overhead).
+    pub batch_size: usize,
+    /// Kafka's `max.in.flight.requests.per.connection`: Produce requests outstanding per
+    /// partition, 1..=5 (the leader remembers the last 5 batches of a PID, which is what makes
+    /// a retry of any of them recognisable).
+    pub max_in_flight_requests_per_connection: usize,
+    /// Kafka's `buffer.memory`: bytes of records a producer holds that are not acknowledged yet;
+    /// `send` waits for room.
+    pub buffer_memory: usize,
+    /// Kafka's `max.block.ms`: how long `send` waits for `buffer.memory` before it fails.
+    pub max_block: Duration,
+    /// Kafka's `delivery.timeout.ms`: how long a record may wait for its acknowledgement, retries
+    /// included.
+    pub delivery_timeout: Duration,
 }
 
 impl ClientConfig {
@@ -42,7 +60,91 @@ impl ClientConfig {
             retry_backoff: Duration::from_millis(20),
             retry_backoff_max: Duration::from_millis(500),
             max_retries: 60,
+            linger: Duration::from_millis(5),
+            batch_size: 16 * 1024,
+            max_in_flight_requests_per_connection: 5,
+            buffer_memory: 32 * 1024 * 1024,
+            max_block: Duration::from_secs(60),
+            delivery_timeout: Duration::from_secs(120),
         }
+    }
+
+    /// Sets one producer setting by its Kafka name: `linger.ms`, `batch.size`,
+    /// `max.in.flight.requests.per.connection`, `buffer.memory`, `max.block.ms`,
+    /// `delivery.timeout.ms`, `request.timeout.ms`, `retry.backoff.ms`, `retry.backoff.max.ms`,
+    /// `transaction.timeout.ms` or `transactional.id`.
+    pub fn set(mut self, name: &str, value: &str) -> Result<Self> {
+        let number = || {
+            value.trim().parse::<u64>().map_err(|_| {
+                Error::Config(format!(
+                    "{name} must be a non-negative integer, got {value:?}"
+                ))
+            })
+        };
+        let ms = || number().map(Duration::from_millis);
+        let size = || {
+            number().and_then(|n| {
+                usize::try_from(n).map_err(|_| Error::Config(format!("{name} is too large")))
+            })
+        };
+        match name {
+            "linger.ms" => self.linger = ms()?,
+            "batch.size" => self.batch_size = size()?,
+            "max.in.flight.requests.per.connection" => {
+                self.max_in_flight_requests_per_connection = size()?
+            }
+            "buffer.memory" => self.buffer_memory = size()?,
+            "max.block.ms" => self.max_block = ms()?,
+            "delivery.timeout.ms" => self.delivery_timeout = ms()?,
+            "request.timeout.ms" => self.request_timeout = ms()?,
+            "retry.backoff.ms" => self.retry_backoff = ms()?,
+            "retry.backoff.max.ms" => self.retry_backoff_max = ms()?,
+            "transaction.timeout.ms" => {
+                self.transaction_timeout_ms = i32::try_from(number()?).map_err(|_| {
+                    Error::Config(format!("{name} must fit in 32 bits, got {value}"))
+                })?
+            }
+            "transactional.id" => self.transactional_id = Some(value.to_string()),
+            _ => return Err(Error::Config(format!("unknown producer setting {name:?}"))),
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Sets `linger.ms`.
+    pub fn with_linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
+    /// Sets `batch.size` (bytes).
+    pub fn with_batch_size(mut self, bytes: usize) -> Self {
+        self.batch_size = bytes;
+        self
+    }
+
+    /// Sets `max.in.flight.requests.per.connection` (1..=5).
+    pub fn with_max_in_flight(mut self, requests: usize) -> Self {
+        self.max_in_flight_requests_per_connection = requests;
+        self
+    }
+
+    /// Sets `buffer.memory` (bytes).
+    pub fn with_buffer_memory(mut self, bytes: usize) -> Self {
+        self.buffer_memory = bytes;
+        self
+    }
+
+    /// Sets `max.block.ms`.
+    pub fn with_max_block(mut self, max_block: Duration) -> Self {
+        self.max_block = max_block;
+        self
+    }
+
+    /// Sets `delivery.timeout.ms`.
+    pub fn with_delivery_timeout(mut self, timeout: Duration) -> Self {
+        self.delivery_timeout = timeout;
+        self
     }
 
     /// Sets the transactional id.
@@ -87,6 +189,24 @@ impl ClientConfig {
                 "transaction_timeout_ms must be positive, got {}",
                 self.transaction_timeout_ms
             )));
+        }
+        if !(1..=5).contains(&self.max_in_flight_requests_per_connection) {
+            return Err(Error::Config(format!(
+                "max.in.flight.requests.per.connection must be 1..=5 (the leader remembers 5 batches per producer), got {}",
+                self.max_in_flight_requests_per_connection
+            )));
+        }
+        if self.batch_size == 0 {
+            return Err(Error::Config("batch.size must be positive".into()));
+        }
+        if self.buffer_memory < self.batch_size || u32::try_from(self.buffer_memory).is_err() {
+            return Err(Error::Config(format!(
+                "buffer.memory must be at least batch.size ({}) and below 4 GiB, got {}",
+                self.batch_size, self.buffer_memory
+            )));
+        }
+        if self.delivery_timeout.is_zero() {
+            return Err(Error::Config("delivery.timeout.ms must be positive".into()));
         }
         if let Some(id) = &self.transactional_id {
             if id.is_empty() || id.len() > cluster::MAX_ID_LEN {
@@ -186,6 +306,34 @@ mod tests {
             .with_transactional_id("")
             .validate()
             .is_err());
+    }
+
+    #[test]
+    fn kafka_names_set_the_pipeline() {
+        let c = ClientConfig::new(["a:1"])
+            .set("linger.ms", "7")
+            .and_then(|c| c.set("batch.size", "65536"))
+            .and_then(|c| c.set("max.in.flight.requests.per.connection", "3"))
+            .and_then(|c| c.set("buffer.memory", "1048576"))
+            .and_then(|c| c.set("max.block.ms", "100"))
+            .and_then(|c| c.set("delivery.timeout.ms", "5000"))
+            .unwrap();
+        assert_eq!(c.linger, Duration::from_millis(7));
+        assert_eq!(c.batch_size, 65536);
+        assert_eq!(c.max_in_flight_requests_per_connection, 3);
+        assert_eq!(c.buffer_memory, 1 << 20);
+        assert_eq!(c.max_block, Duration::from_millis(100));
+        assert_eq!(c.delivery_timeout, Duration::from_secs(5));
+        let e = ClientConfig::new(["a:1"])
+            .set("max.in.flight.requests.per.connection", "6")
+            .unwrap_err();
+        assert!(e.to_string().contains("1..=5"), "{e}");
+        assert!(ClientConfig::new(["a:1"]).set("linger.ms", "-1").is_err());
+        assert!(ClientConfig::new(["a:1"]).set("acks", "all").is_err());
+        let e = ClientConfig::new(["a:1"])
+            .set("buffer.memory", "10")
+            .unwrap_err();
+        assert!(e.to_string().contains("buffer.memory"), "{e}");
     }
 
     #[test]

@@ -72,6 +72,14 @@ pub enum Error {
         /// The server's human message (never parsed).
         message: String,
     },
+    /// A client-side deadline passed: `delivery.timeout.ms` for a record (the client retried
+    /// until then; it may or may not have been appended), or `max.block.ms` for `send` waiting
+    /// for `buffer.memory`. Retriable by the application.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The record was still waiting to be sent when its transaction was aborted.
+    #[error("transaction aborted before the record was sent: {0}")]
+    TransactionAborted(String),
     /// The client configuration is unusable.
     #[error("invalid client configuration: {0}")]
     Config(String),
@@ -105,7 +113,7 @@ impl Error {
     /// Retriable: transient; the client retries these itself with backoff.
     pub fn is_retriable(&self) -> bool {
         match self {
-            Error::Transport { .. } => true,
+            Error::Transport { .. } | Error::Timeout(_) => true,
             // The class of a code is the wire table's (`ErrorCode::is_retriable`).
             other => other.code().is_some_and(ErrorCode::is_retriable),
         }
@@ -139,7 +147,11 @@ impl Error {
             Error::CoordinatorNotAvailable(_) => ErrorCode::CoordinatorNotAvailable,
             Error::NotLeader(_) => ErrorCode::NotLeaderOrFollower,
             Error::Server { code, .. } => *code,
-            Error::Transport { .. } | Error::Config(_) | Error::IllegalState(_) => return None,
+            Error::Transport { .. }
+            | Error::Timeout(_)
+            | Error::TransactionAborted(_)
+            | Error::Config(_)
+            | Error::IllegalState(_) => return None,
         })
     }
 
@@ -150,6 +162,8 @@ impl Error {
             None => match self {
                 Error::Transport { .. } => "TRANSPORT",
                 Error::Config(_) => "CONFIG",
+                Error::Timeout(_) => "TIMEOUT",
+                Error::TransactionAborted(_) => "TRANSACTION_ABORTED",
                 _ => "ILLEGAL_STATE",
             },
         }

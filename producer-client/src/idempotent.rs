@@ -5,112 +5,129 @@
 //! is no fencing across instances (PROTOCOL.md, seed: "only transactional producers get
 //! coordinator-driven cross-instance fencing").
 //!
-//! On an error that leaves the sequence state in doubt (OUT_OF_ORDER_SEQUENCE_NUMBER,
-//! UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH) the error is returned and the next send first
-//! gets a new PID, restarting the sequences at 0: the failed record may be lost, never duplicated.
+//! `send` goes through the pipeline (module `pipeline`): it returns a [`DeliveryFuture`] at
+//! once; records are batched per partition (`linger.ms`, `batch.size`) with up to
+//! `max.in.flight.requests.per.connection` Produce requests per partition in flight.
+//!
+//! When a batch fails for good (OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID with nothing
+//! before it in flight, INVALID_PRODUCER_EPOCH, `delivery.timeout.ms`), that batch and the
+//! partition's batches already sent fail, and the pipeline gets a new PID once nothing is in
+//! flight, restarting the sequences at 0 for every batch not sent yet: a failed record may be
+//! lost, never duplicated.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use cluster::TopicPartition;
 use proto::InitProducerIdRequest;
 
+use crate::accumulator::Mode;
 use crate::config::ClientConfig;
 use crate::error::{Error, Result, WireError};
 use crate::net::Connections;
 use crate::partitioner::Target;
+use crate::pipeline::{DeliveryFuture, Pipeline};
 use crate::produce::{self, RecordMetadata};
+
+/// InitProducerId without a transactional id, asked of the coordinators in turn with backoff.
+pub(crate) async fn init_producer_id(conn: &Connections) -> Result<(i64, i16)> {
+    let mut backoff = conn.backoff();
+    loop {
+        let metadata = conn.metadata().await?;
+        let mut last = None;
+        for node in &metadata.coordinators {
+            let mut client = conn.coordinator(&node.address)?;
+            let request = InitProducerIdRequest {
+                transactional_id: None,
+                transaction_timeout_ms: conn.config().transaction_timeout_ms,
+                expected_producer_id: -1,
+                expected_producer_epoch: -1,
+            };
+            let result = conn
+                .rpc(
+                    &node.address,
+                    Duration::ZERO,
+                    client.init_producer_id(request),
+                )
+                .await
+                .and_then(WireError::checked);
+            match result {
+                Ok(r) => {
+                    let epoch = cluster::epoch_from_wire(r.producer_epoch, false).unwrap_or(0);
+                    tracing::info!(
+                        pid = r.producer_id,
+                        epoch,
+                        "idempotent producer initialised"
+                    );
+                    return Ok((r.producer_id, epoch));
+                }
+                Err(e) if e.is_retriable() => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        let err = last.unwrap_or_else(|| Error::Config("the cluster has no coordinators".into()));
+        if !backoff.wait().await {
+            return Err(err);
+        }
+    }
+}
 
 /// An idempotent, non-transactional producer.
 #[derive(Debug)]
 pub struct IdempotentProducer {
     conn: Connections,
-    producer_id: i64,
-    epoch: i16,
-    sequences: HashMap<TopicPartition, i32>,
+    pipeline: Pipeline,
 }
 
 impl IdempotentProducer {
-    /// Connects and gets a PID (InitProducerId without a transactional id).
+    /// Connects, gets a PID (InitProducerId without a transactional id) and starts the pipeline.
     pub async fn connect(config: ClientConfig) -> Result<Self> {
         let conn = Connections::new(config)?;
-        let mut producer = Self {
-            conn,
-            producer_id: -1,
-            epoch: -1,
-            sequences: HashMap::new(),
-        };
-        producer.init().await?;
-        Ok(producer)
+        let producer = init_producer_id(&conn).await?;
+        let pipeline = Pipeline::start(conn.clone(), Mode::Idempotent, producer, None);
+        Ok(Self { conn, pipeline })
     }
 
-    /// The producer id.
+    /// The producer id new batches are written with.
     pub fn producer_id(&self) -> i64 {
-        self.producer_id
+        self.pipeline.producer().0
     }
 
     /// The epoch (0 unless re-initialised).
     pub fn epoch(&self) -> i16 {
-        self.epoch
+        self.pipeline.producer().1
     }
 
-    async fn init(&mut self) -> Result<()> {
-        let mut backoff = self.conn.backoff();
-        loop {
-            let metadata = self.conn.metadata().await?;
-            let mut last = None;
-            for node in &metadata.coordinators {
-                let mut client = self.conn.coordinator(&node.address)?;
-                let request = InitProducerIdRequest {
-                    transactional_id: None,
-                    transaction_timeout_ms: self.conn.config().transaction_timeout_ms,
-                    expected_producer_id: -1,
-                    expected_producer_epoch: -1,
-                };
-                let result = self
-                    .conn
-                    .rpc(
-                        &node.address,
-                        Duration::ZERO,
-                        client.init_producer_id(request),
-                    )
-                    .await
-                    .and_then(WireError::checked);
-                match result {
-                    Ok(r) => {
-                        self.producer_id = r.producer_id;
-                        self.epoch = cluster::epoch_from_wire(r.producer_epoch, false).unwrap_or(0);
-                        self.sequences.clear();
-                        tracing::info!(
-                            pid = self.producer_id,
-                            epoch = self.epoch,
-                            "idempotent producer initialised"
-                        );
-                        return Ok(());
-                    }
-                    Err(e) if e.is_retriable() => last = Some(e),
-                    Err(e) => return Err(e),
-                }
-            }
-            let err =
-                last.unwrap_or_else(|| Error::Config("the cluster has no coordinators".into()));
-            if !backoff.wait().await {
-                return Err(err);
-            }
-        }
-    }
-
-    /// Sends one record and waits for the acknowledgement.
+    /// Appends one record to its partition's batch and returns at once (after waiting for
+    /// `buffer.memory` if it is full, at most `max.block.ms`). The [`DeliveryFuture`] resolves
+    /// to where the record landed, or why it did not.
     pub async fn send(
         &mut self,
         topic: &str,
         target: impl Into<Target>,
         value: impl Into<Vec<u8>>,
-    ) -> Result<RecordMetadata> {
-        self.send_batch(topic, target, vec![value.into()]).await
+    ) -> Result<DeliveryFuture> {
+        let target = target.into();
+        let tp = produce::resolve(&self.conn, topic, &target).await?;
+        let mut records = produce::records(target.key(), vec![value.into()]);
+        let record = records.pop().expect("one record");
+        self.pipeline.append(tp, record).await
     }
 
-    /// Sends several records to one partition as one batch.
+    /// [`IdempotentProducer::send`], then a flush, then waits for the acknowledgement (Java's
+    /// `producer.send(record); producer.flush(); future.get()`): one record per round trip, for
+    /// tests and tools.
+    pub async fn send_and_wait(
+        &mut self,
+        topic: &str,
+        target: impl Into<Target>,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<RecordMetadata> {
+        let delivery = self.send(topic, target, value).await?;
+        self.pipeline.flush().await;
+        delivery.await
+    }
+
+    /// Sends several records to one partition and waits for all of them; returns the first
+    /// record's metadata (they are consecutive in the partition when nothing else writes it).
     pub async fn send_batch(
         &mut self,
         topic: &str,
@@ -122,24 +139,24 @@ impl IdempotentProducer {
                 "a batch needs at least one record".into(),
             ));
         }
-        if self.producer_id < 0 {
-            self.init().await?;
-        }
         let target = target.into();
-        let tp = produce::resolve(&self.conn, topic, &target).await?;
-        let result = produce::produce_next(
-            &self.conn,
-            &mut self.sequences,
-            tp,
-            (self.producer_id, self.epoch),
-            None,
-            produce::records(target.key(), values),
-        )
-        .await;
-        if result.as_ref().is_err_and(Error::needs_epoch_bump) {
-            // Start over with a fresh PID at the next send.
-            self.producer_id = -1;
+        let mut futures = Vec::with_capacity(values.len());
+        for value in values {
+            futures.push(self.send(topic, target.clone(), value).await?);
         }
-        result
+        self.pipeline.flush().await;
+        let mut first = None;
+        for f in futures {
+            let m = f.await?;
+            first.get_or_insert(m);
+        }
+        Ok(first.expect("at least one record"))
+    }
+
+    /// Closes every open batch and waits until every record sent so far is acknowledged or
+    /// failed (the outcome of each is on its [`DeliveryFuture`]).
+    pub async fn flush(&mut self) -> Result<()> {
+        self.pipeline.flush().await;
+        Ok(())
     }
 }

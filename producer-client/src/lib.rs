@@ -20,11 +20,14 @@
 //! // First write to orders-0: AddPartitionsToTxn(orders-0), then Produce(PID, epoch, seq 0).
 //! // The leader checks the epoch and sequence, and verifies with the coordinator that the
 //! // partition really is in this transaction before it opens the transaction there.
-//! producer.send("orders", 0, "first").await?;
-//! producer.send("orders", 0, "second").await?;     // Produce seq 1, no AddPartitions
-//! producer.send("orders", "customer-7", "x").await?; // a key picks the partition (murmur2)
+//! // `send` returns at once with a delivery future: the record joins orders-0's batch, which
+//! // closes after `linger.ms` or at `batch.size`, with up to 5 Produce requests in flight.
+//! let first = producer.send("orders", 0, "first").await?;
+//! producer.send("orders", 0, "second").await?;        // same batch: sequences follow on
+//! producer.send("orders", "customer-7", "x").await?;  // a key picks the partition (murmur2)
+//! let _metadata = first.await?;                        // (partition, offset), once acknowledged
 //!
-//! // EndTxn(COMMIT): the coordinator makes the decision durable (PrepareCommit, epoch + 1),
+//! // commit_transaction flushes first: every record is acknowledged before EndTxn(COMMIT): the coordinator makes the decision durable (PrepareCommit, epoch + 1),
 //! // answers with the bumped (PID, epoch), then writes COMMIT markers to every partition.
 //! // The producer adopts the new epoch and restarts its sequences at 0.
 //! match producer.commit_transaction().await {
@@ -49,7 +52,10 @@
 //!
 //! # Modules
 //!
-//! - [`config`] — [`ClientConfig`] and the retry backoff.
+//! - [`config`] — [`ClientConfig`] (Kafka's producer settings by their names) and the retry
+//!   backoff.
+//! - `accumulator` — the pipeline's pure core: batches, sequences, retry decisions.
+//! - `pipeline` — the pipeline's shell: sender task, `buffer.memory`, [`DeliveryFuture`].
 //! - [`error`] — [`Error`], and the single mapping from wire error codes.
 //! - [`net`] — channels per node, metadata and FindCoordinator.
 //! - [`transactional`] — [`TransactionalProducer`].
@@ -58,9 +64,10 @@
 //! - [`admin`] — [`Admin`] (list/describe transactions, producers) and [`RawRequests`].
 //! - [`partitioner`] — key -> partition (Kafka's murmur2).
 //!
-//! CAVEATS: one request in flight per producer (a `send` waits for its acknowledgement; use
-//! `send_batch` for throughput); no compression, no TLS; consumer assignment is explicit.
+//! CAVEATS: one Produce per batch (a Produce names one partition); no compression, no TLS;
+//! consumer assignment is explicit.
 
+mod accumulator;
 pub mod admin;
 pub mod config;
 pub mod consumer;
@@ -68,6 +75,7 @@ pub mod error;
 pub mod idempotent;
 pub mod net;
 pub mod partitioner;
+mod pipeline;
 mod produce;
 pub mod transactional;
 
@@ -78,5 +86,6 @@ pub use consumer::{Consumer, ConsumerRecord, Isolation, Watermarks};
 pub use error::{Error, Result};
 pub use idempotent::IdempotentProducer;
 pub use partitioner::Target;
+pub use pipeline::DeliveryFuture;
 pub use produce::RecordMetadata;
 pub use transactional::TransactionalProducer;

@@ -1,10 +1,11 @@
-//! What both producers share: building record batches and sending one Produce with retries.
+//! What both producers share: building record batches, resolving a target to a partition, and
+//! sending one Produce with retries (the raw requests of [`crate::RawRequests`]; the producers
+//! send through the pipeline).
 //!
 //! A Produce is retried with the *same* batch (same PID, epoch and base sequence): if the first
 //! attempt was appended and only its answer was lost, the leader recognises the duplicate among
 //! the PID's last five batches and answers with the original offset (idempotence).
 
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cluster::TopicPartition;
@@ -60,30 +61,6 @@ pub(crate) fn batch(
         transactional_id: transactional_id.unwrap_or_default().to_string(),
         records,
     }
-}
-
-/// Produces `records` to `tp` as one batch of `producer` (PID, epoch) at the partition's next
-/// sequence in `sequences` (0 for a partition not written yet at this epoch), and moves that
-/// sequence past them once the leader has acknowledged the batch. Sequences wrap at i32::MAX like
-/// Kafka's.
-pub(crate) async fn produce_next(
-    conn: &Connections,
-    sequences: &mut HashMap<TopicPartition, i32>,
-    tp: TopicPartition,
-    producer: (i64, i16),
-    transactional_id: Option<&str>,
-    records: Vec<Record>,
-) -> Result<RecordMetadata> {
-    let sequence = sequences.get(&tp).copied().unwrap_or(0);
-    let count = records.len() as i32;
-    let metadata = produce(
-        conn,
-        &tp,
-        batch(producer, sequence, transactional_id, records),
-    )
-    .await?;
-    sequences.insert(tp, sequence.wrapping_add(count) & i32::MAX);
-    Ok(metadata)
 }
 
 /// Resolves a [`Target`] to a partition of `topic`, checking that it exists.

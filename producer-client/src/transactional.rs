@@ -16,7 +16,7 @@
 //! whose outcome is unknown is retried with the same decision, and if the retries run out the
 //! decision is remembered so that a commit can never be turned into an abort.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
@@ -28,10 +28,12 @@ use proto::{
 };
 use tonic::transport::Channel;
 
+use crate::accumulator::Mode;
 use crate::config::ClientConfig;
 use crate::error::{Error, Result, WireError};
 use crate::net::{Connections, NodeAddr};
 use crate::partitioner::Target;
+use crate::pipeline::{DeliveryFuture, Pipeline};
 use crate::produce::{self, RecordMetadata};
 
 /// Sends `request` to the coordinator of `key` (found and cached in `coordinator`), retrying
@@ -107,7 +109,8 @@ pub struct TransactionalProducer {
     state: State,
     partitions: BTreeSet<TopicPartition>,
     groups: BTreeSet<String>,
-    sequences: HashMap<TopicPartition, i32>,
+    /// Accumulator and sender: owns the per-partition sequences of the current epoch.
+    pipeline: Pipeline,
     /// An EndTxn whose outcome is unknown: only the same decision may be sent again.
     pending_end: Option<TxnResult>,
 }
@@ -120,6 +123,12 @@ impl TransactionalProducer {
             Error::Config("a transactional producer needs a transactional_id".into())
         })?;
         let conn = Connections::new(config)?;
+        let pipeline = Pipeline::start(
+            conn.clone(),
+            Mode::Transactional,
+            (-1, -1),
+            Some(transactional_id.clone()),
+        );
         Ok(Self {
             conn,
             transactional_id,
@@ -129,7 +138,7 @@ impl TransactionalProducer {
             state: State::Uninitialized,
             partitions: BTreeSet::new(),
             groups: BTreeSet::new(),
-            sequences: HashMap::new(),
+            pipeline,
             pending_end: None,
         })
     }
@@ -203,7 +212,7 @@ impl TransactionalProducer {
         }
         self.producer_id = producer_id;
         self.epoch = epoch;
-        self.sequences.clear();
+        self.pipeline.reset((producer_id, epoch));
         Ok(())
     }
 
@@ -282,7 +291,17 @@ impl TransactionalProducer {
         }
     }
 
-    fn check_in_transaction(&self) -> Result<()> {
+    /// Moves a batch failure the pipeline saw into the producer's state (abortable, or fatal).
+    fn sync_failure(&mut self) {
+        if matches!(self.state, State::InTransaction) {
+            if let Some(e) = self.pipeline.failure() {
+                let _ = self.fail(e);
+            }
+        }
+    }
+
+    fn check_in_transaction(&mut self) -> Result<()> {
+        self.sync_failure();
         match &self.state {
             State::InTransaction if self.pending_end.is_none() => Ok(()),
             State::InTransaction => Err(Error::IllegalState(
@@ -315,17 +334,55 @@ impl TransactionalProducer {
     }
 
     /// Sends one record to `topic` at `target` (a partition number or a key) inside the open
-    /// transaction. Waits for the leader's acknowledgement.
+    /// transaction: AddPartitionsToTxn first if the partition is new to the transaction, then
+    /// the record joins its partition's batch and a [`DeliveryFuture`] is returned at once
+    /// (after waiting for `buffer.memory` if it is full, at most `max.block.ms`).
+    ///
+    /// If any batch of the transaction fails, the transaction becomes abortable: every pending
+    /// record resolves with that error, and so do later calls.
     pub async fn send(
         &mut self,
         topic: &str,
         target: impl Into<Target>,
         value: impl Into<Vec<u8>>,
-    ) -> Result<RecordMetadata> {
-        self.send_batch(topic, target, vec![value.into()]).await
+    ) -> Result<DeliveryFuture> {
+        self.check_in_transaction()?;
+        let target = target.into();
+        let tp = produce::resolve(&self.conn, topic, &target).await?;
+        self.add_partition(&tp).await?;
+        let mut records = produce::records(target.key(), vec![value.into()]);
+        let record = records.pop().expect("one record");
+        match self.pipeline.append(tp, record).await {
+            Ok(delivery) => Ok(delivery),
+            Err(e) => {
+                self.sync_failure();
+                Err(e)
+            }
+        }
     }
 
-    /// Sends several records to one partition as a single batch (one Produce request).
+    /// [`TransactionalProducer::send`], then a flush, then waits for the acknowledgement (Java's
+    /// `producer.send(record); producer.flush(); future.get()`); a failure is also recorded
+    /// against the transaction.
+    pub async fn send_and_wait(
+        &mut self,
+        topic: &str,
+        target: impl Into<Target>,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<RecordMetadata> {
+        let result = match self.send(topic, target, value).await {
+            Ok(delivery) => {
+                self.pipeline.flush().await;
+                delivery.await
+            }
+            Err(e) => Err(e),
+        };
+        self.sync_failure();
+        result
+    }
+
+    /// Sends several records to one partition and waits for all of them; returns the first
+    /// record's metadata.
     pub async fn send_batch(
         &mut self,
         topic: &str,
@@ -339,18 +396,37 @@ impl TransactionalProducer {
             ));
         }
         let target = target.into();
-        let tp = produce::resolve(&self.conn, topic, &target).await?;
-        self.add_partition(&tp).await?;
-        produce::produce_next(
-            &self.conn,
-            &mut self.sequences,
-            tp,
-            (self.producer_id, self.epoch),
-            Some(&self.transactional_id),
-            produce::records(target.key(), values),
-        )
-        .await
-        .map_err(|e| self.fail(e))
+        let mut futures = Vec::with_capacity(values.len());
+        for value in values {
+            futures.push(self.send(topic, target.clone(), value).await?);
+        }
+        self.pipeline.flush().await;
+        let mut first = None;
+        for f in futures {
+            match f.await {
+                Ok(m) => {
+                    first.get_or_insert(m);
+                }
+                Err(e) => {
+                    self.sync_failure();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(first.expect("at least one record"))
+    }
+
+    /// Closes every open batch and waits until every record sent so far is acknowledged or
+    /// failed. Returns the transaction's error if a batch failed (the transaction must then be
+    /// aborted).
+    pub async fn flush(&mut self) -> Result<()> {
+        self.check_not_fatal()?;
+        self.pipeline.flush().await;
+        self.sync_failure();
+        match &self.state {
+            State::Abortable(e) | State::Fatal(e) => Err(e.clone()),
+            _ => Ok(()),
+        }
     }
 
     /// Commits `offsets` (next offset to consume, per partition) for consumer group `group`
@@ -429,6 +505,7 @@ impl TransactionalProducer {
     }
 
     fn finish(&mut self) {
+        self.pipeline.clear_failure();
         self.state = State::Ready;
         self.partitions.clear();
         self.groups.clear();
@@ -441,6 +518,13 @@ impl TransactionalProducer {
     /// call [`TransactionalProducer::abort_transaction`].
     pub async fn commit_transaction(&mut self) -> Result<()> {
         self.check_not_fatal()?;
+        if matches!(self.state, State::InTransaction) && self.pending_end.is_none() {
+            // Every record of the transaction is acknowledged before EndTxn (Kafka's commit
+            // flushes first); a failed batch makes the transaction abortable.
+            self.pipeline.flush().await;
+            self.sync_failure();
+            self.check_not_fatal()?;
+        }
         match &self.state {
             State::InTransaction => {}
             State::Abortable(e) => return Err(e.clone()),
@@ -471,6 +555,17 @@ impl TransactionalProducer {
     /// InitProducerId(expected PID, epoch). PRODUCER_FENCED on either is fatal.
     pub async fn abort_transaction(&mut self) -> Result<()> {
         self.check_not_fatal()?;
+        if self.in_transaction() && self.pending_end != Some(TxnResult::Commit) {
+            // Records not sent yet fail; requests in flight are waited for, so that no Produce
+            // of this transaction is still travelling when the abort is decided.
+            self.sync_failure();
+            self.pipeline.fail_all(Error::TransactionAborted(format!(
+                "transaction of {} aborted",
+                self.transactional_id
+            )));
+            self.pipeline.flush().await;
+            self.check_not_fatal()?;
+        }
         let mut bump = match &self.state {
             State::InTransaction => false,
             State::Abortable(e) => e.needs_epoch_bump(),

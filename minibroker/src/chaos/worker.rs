@@ -112,7 +112,7 @@ async fn one_transaction(
         let partition = (start + (n % partitions as u64) as i32) % partitions;
         let sent_us = now_us();
         let result = producer
-            .send(&options.topic, partition, value.clone().into_bytes())
+            .send_and_wait(&options.topic, partition, value.clone().into_bytes())
             .await;
         let at_us = now_us();
         match result {

@@ -1,11 +1,12 @@
-//! `minibroker bench`: the transactional producer against the idempotent one
+//! `minibroker bench`: the producer pipeline against the leader's own gRPC figure, and the
+//! transactional producer against the idempotent one
 //! ([`minibroker::bench`]), on the given cluster or on an embedded one started for the run.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use minibroker::bench::{BenchOptions, BenchReport};
+use minibroker::bench::BenchOptions;
 use minibroker::EmbeddedCluster;
 
 use super::Target;
@@ -19,29 +20,33 @@ pub struct BenchArgs {
     /// Record value size in bytes.
     #[arg(long, default_value_t = 1024)]
     record_size: usize,
-    /// Records per transaction.
-    #[arg(long, default_value_t = 100)]
-    per_txn: usize,
-    /// Records per Produce request.
-    #[arg(long, default_value_t = 1)]
-    batch: usize,
-    /// Commit interval of the paced phase, ms.
+    /// Commit interval of the transactional phase, ms.
     #[arg(long, default_value_t = 100)]
     commit_interval_ms: u64,
+    /// The producers' linger.ms.
+    #[arg(long, default_value_t = 5)]
+    linger_ms: u64,
+    /// The producers' batch.size, bytes.
+    #[arg(long, default_value_t = 128 * 1024)]
+    batch_size: usize,
+    /// Producers of the concurrent phase.
+    #[arg(long, default_value_t = 8)]
+    producers: usize,
     /// Topic.
     #[arg(long, default_value = "input")]
     topic: String,
 }
 
-/// Runs the three phases and prints their table (or the report as JSON).
+/// Runs every phase and prints their table (or the report as JSON).
 pub async fn run(target: Target, args: BenchArgs, json: bool) -> anyhow::Result<ExitCode> {
     let options = BenchOptions {
         topic: args.topic,
         duration: Duration::from_secs(args.seconds.max(1)),
         record_size: args.record_size,
-        records_per_txn: args.per_txn.max(1),
-        batch: args.batch.max(1),
         commit_interval: Duration::from_millis(args.commit_interval_ms),
+        linger: Duration::from_millis(args.linger_ms),
+        batch_size: args.batch_size,
+        producers: args.producers,
     };
     let (config, cluster) = if target.given() {
         (target.config()?, None)
@@ -70,34 +75,7 @@ pub async fn run(target: Target, args: BenchArgs, json: bool) -> anyhow::Result<
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        print_table(&report);
+        report.print();
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// One row per phase, then the overhead ratio.
-fn print_table(report: &BenchReport) {
-    println!(
-        "{:<24} {:>12} {:>10} {:>8} {:>10} {:>10}",
-        "PHASE", "RECORDS/S", "MIB/S", "TXNS", "COMMIT P50", "COMMIT P99"
-    );
-    for p in [
-        &report.idempotent,
-        &report.transactional_paced,
-        &report.transactional_saturated,
-    ] {
-        println!(
-            "{:<24} {:>12.0} {:>10.2} {:>8} {:>8.1}ms {:>8.1}ms",
-            p.name,
-            p.records_per_sec,
-            p.mib_per_sec,
-            p.transactions,
-            p.commit_p50_ms,
-            p.commit_p99_ms
-        );
-    }
-    println!(
-        "overhead ratio (idempotent / transactional saturated): {:.2}x",
-        report.overhead_ratio
-    );
 }

@@ -125,7 +125,7 @@ impl Tale<'_> {
             for tp in &self.partitions {
                 for r in 0..options.records_per_partition {
                     let value = format!("A-txn{t}-{tp}-r{r}");
-                    a.send(TOPIC, tp.partition, value.clone()).await?;
+                    a.send_and_wait(TOPIC, tp.partition, value.clone()).await?;
                     values.push((tp.clone(), value));
                 }
             }
@@ -150,7 +150,7 @@ impl Tale<'_> {
         a.begin_transaction()?;
         for tp in &self.partitions[..2] {
             let value = format!("A-open-{tp}");
-            a.send(TOPIC, tp.partition, value.clone()).await?;
+            a.send_and_wait(TOPIC, tp.partition, value.clone()).await?;
             self.must_not_see.push(value);
         }
         let (zombie_pid, zombie_epoch) = (a.producer_id(), a.epoch());
@@ -201,7 +201,7 @@ impl Tale<'_> {
         for tp in &self.partitions {
             for r in 0..self.options.records_per_partition {
                 let value = format!("B-{tp}-r{r}");
-                b.send(TOPIC, tp.partition, value.clone()).await?;
+                b.send_and_wait(TOPIC, tp.partition, value.clone()).await?;
                 b_values.push((tp.clone(), value));
             }
         }
@@ -246,7 +246,7 @@ impl Tale<'_> {
         // Produce at a leader A wrote to, next sequence: through A's own client.
         let value = "A-zombie-input-0".to_string();
         self.must_not_see.push(value.clone());
-        let r = a.send(TOPIC, 0, value).await.map(|_| ());
+        let r = a.send_and_wait(TOPIC, 0, value).await.map(|_| ());
         fenced.push(self.zombie_answer("Produce input-0 at its leader (A's own client)", r));
         // Produce at a partition A never wrote to.
         let value = "A-zombie-input-2".to_string();

@@ -1,0 +1,928 @@
+//! The producer pipeline's pure core: per-partition record accumulators, batch closing,
+//! sequence numbers, in-flight bookkeeping and the retry/fail decisions (no tokio, no tonic).
+//!
+//! # How a record travels
+//!
+//! 1. [`Accumulator::append`] puts the record in its partition's *open* batch. The open batch
+//!    has no sequence yet.
+//! 2. The batch *closes* when it reaches `batch.size` bytes, when it is `linger.ms` old, or when
+//!    a flush asks for it ([`Accumulator::close_ready`]). Closing assigns the batch its
+//!    producer (PID, epoch) and base sequence, and moves it to the partition's queue; sequences
+//!    are therefore in queue order and never change while the batch can still be appended.
+//! 3. [`Accumulator::drain`] hands out queued batches in sequence order while the partition has
+//!    fewer than `max.in.flight.requests.per.connection` requests outstanding. Each one records
+//!    whether a lower sequence of the partition was still unacknowledged when it was sent.
+//! 4. [`Accumulator::on_response`] decides what the leader's answer means (the core decides,
+//!    the shell delivers):
+//!    - success (or a duplicate of an appended batch): deliver;
+//!    - a retriable error (transport, NOT_LEADER...): queue the batch again, *in sequence
+//!      order*, behind a backoff; the leader's last-five-batches window recognises any batch
+//!      that was in fact appended, so a retry never duplicates;
+//!    - OUT_OF_ORDER_SEQUENCE_NUMBER / UNKNOWN_PRODUCER_ID for a batch that was sent while a
+//!      lower sequence was still unacknowledged: that lower batch had not reached the leader
+//!      yet (requests on one connection may be processed out of order), so it is queued again
+//!      like a retriable error;
+//!    - anything else, or the same errors for a batch sent with nothing unacknowledged before
+//!      it: the batch fails ([`Mode`] says what else fails with it).
+//! 5. `delivery.timeout.ms` bounds the whole life of a record ([`Accumulator::expire`], and a
+//!    retriable error past the deadline fails the batch).
+//!
+//! # Failures, by mode
+//!
+//! - [`Mode::Transactional`]: the first failed batch fails the transaction: every pending
+//!   record (open, queued, in flight) resolves with that error, and the accumulator refuses
+//!   records until [`Accumulator::reset`] (after the abort). In-flight requests stay tracked,
+//!   without their records' waiters, until their answer arrives, so that a flush after a
+//!   failure still waits for the network to be quiet.
+//! - [`Mode::Idempotent`]: a batch that fails after its sequence was assigned leaves a gap, and a
+//!   batch that was sent and failed may or may not have been appended. As Kafka's idempotent
+//!   producer does, the failed batch and every batch of that partition that was already sent
+//!   fail; the accumulator then holds every batch never sent, waits until nothing is in flight
+//!   and no sent batch waits for a retry ([`Accumulator::needs_new_producer`]), and the shell
+//!   gets a new (PID, epoch) and calls [`Accumulator::reset`], which gives every batch never
+//!   sent a fresh sequence. A failed record may be lost; none is ever duplicated or reordered
+//!   within what was acknowledged.
+//!
+//! Memory (`buffer.memory`) is the shell's business: each record's waiter carries its share of
+//! the memory budget, released when the waiter is dropped.
+//!
+//! CAVEATS: no compression; a record bigger than `batch.size` gets a batch of its own; batches
+//! are per partition and the shell sends one Produce per batch (the protocol's Produce names
+//! one partition).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use cluster::TopicPartition;
+use proto::Record;
+
+use crate::error::Error;
+
+/// What the failure of one batch does to the others (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Inside a transaction: the first failure fails everything pending.
+    Transactional,
+    /// Idempotent: the failed partition's sent batches fail, then a new (PID, epoch).
+    Idempotent,
+}
+
+/// The pipeline's settings, named after Kafka's producer configs.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    /// `batch.size`: a batch closes once it holds this many bytes.
+    pub batch_size: usize,
+    /// `linger.ms`: a batch closes this long after its first record at the latest.
+    pub linger: Duration,
+    /// `max.in.flight.requests.per.connection` (per partition here), 1..=5.
+    pub max_in_flight: usize,
+    /// `delivery.timeout.ms`: the longest a record may wait for its acknowledgement.
+    pub delivery_timeout: Duration,
+    /// `retry.backoff.ms`: first backoff after a retriable error; doubles per attempt.
+    pub retry_backoff: Duration,
+    /// `retry.backoff.max.ms`.
+    pub retry_backoff_max: Duration,
+}
+
+/// A closed batch on its way to a leader: what the shell needs to build one Produce.
+#[derive(Clone, Debug)]
+pub(crate) struct Outbound {
+    /// Identifies the batch in [`Accumulator::on_response`].
+    pub id: u64,
+    /// Where it goes.
+    pub partition: TopicPartition,
+    /// (PID, epoch) assigned at close.
+    pub producer: (i64, i16),
+    /// Base sequence assigned at close.
+    pub base_sequence: i32,
+    /// The records (a copy: the batch keeps its own for a retry).
+    pub records: Vec<Record>,
+}
+
+/// A batch's outcome, for the shell to hand to the records' waiters (in record order).
+#[derive(Debug)]
+pub(crate) enum Completion<W> {
+    /// Appended (or recognised as a duplicate of an appended batch) at `base_offset`.
+    Delivered {
+        /// The partition.
+        partition: TopicPartition,
+        /// Offset of the first record.
+        base_offset: i64,
+        /// The leader recognised a retry.
+        duplicate: bool,
+        /// One per record, in order: record `i` is at `base_offset + i`.
+        waiters: Vec<W>,
+    },
+    /// Failed with `error`.
+    Failed {
+        /// Why.
+        error: Error,
+        /// One per record.
+        waiters: Vec<W>,
+    },
+}
+
+#[derive(Debug)]
+struct Batch<W> {
+    id: u64,
+    records: Vec<Record>,
+    waiters: Vec<W>,
+    bytes: usize,
+    created: Instant,
+    /// Set at close.
+    producer: (i64, i16),
+    /// Set at close.
+    base_sequence: i32,
+    /// Sent at least once: its outcome may be unknown.
+    sent: bool,
+    attempts: u32,
+    /// A lower sequence of the partition was unacknowledged when this batch was last sent.
+    sent_behind_unacked: bool,
+}
+
+#[derive(Debug)]
+struct PartitionQueue<W> {
+    open: Option<Batch<W>>,
+    /// Closed, not in flight, in sequence order.
+    queued: VecDeque<Batch<W>>,
+    /// Sent, answer pending, in sequence order.
+    in_flight: Vec<Batch<W>>,
+    next_sequence: i32,
+    /// No send before this instant (backoff after a retriable error).
+    retry_at: Option<Instant>,
+}
+
+impl<W> Default for PartitionQueue<W> {
+    fn default() -> Self {
+        Self {
+            open: None,
+            queued: VecDeque::new(),
+            in_flight: Vec::new(),
+            next_sequence: 0,
+            retry_at: None,
+        }
+    }
+}
+
+impl<W> PartitionQueue<W> {
+    fn is_empty(&self) -> bool {
+        self.open.is_none() && self.queued.is_empty() && self.in_flight.is_empty()
+    }
+}
+
+/// `sequence + increment`, wrapping from `i32::MAX` to 0 (Kafka's `incrementSequence`).
+pub(crate) fn increment_sequence(sequence: i32, increment: i32) -> i32 {
+    if sequence > i32::MAX - increment {
+        increment - (i32::MAX - sequence) - 1
+    } else {
+        sequence + increment
+    }
+}
+
+/// Bytes a record counts for in `batch.size` and `buffer.memory` (payload plus a fixed
+/// per-record overhead).
+pub(crate) fn record_size(record: &Record) -> usize {
+    record.key.len() + record.value.len() + RECORD_OVERHEAD
+}
+
+/// Per-record bookkeeping counted against `batch.size` and `buffer.memory`.
+pub(crate) const RECORD_OVERHEAD: usize = 32;
+
+/// Every partition's accumulator, for one producer.
+#[derive(Debug)]
+pub(crate) struct Accumulator<W> {
+    settings: Settings,
+    mode: Mode,
+    producer: (i64, i16),
+    partitions: BTreeMap<TopicPartition, PartitionQueue<W>>,
+    next_id: u64,
+    /// Close every open batch now (a flush is waiting).
+    flushing: bool,
+    /// Transactional: the error that failed the transaction (sticky until `reset`).
+    failed: Option<Error>,
+    /// Idempotent: a batch failed; hold new batches until a new (PID, epoch).
+    reset_pending: bool,
+}
+
+impl<W> Accumulator<W> {
+    /// An empty accumulator writing as `producer`.
+    pub(crate) fn new(settings: Settings, mode: Mode, producer: (i64, i16)) -> Self {
+        Self {
+            settings,
+            mode,
+            producer,
+            partitions: BTreeMap::new(),
+            next_id: 0,
+            flushing: false,
+            failed: None,
+            reset_pending: false,
+        }
+    }
+
+    /// The (PID, epoch) new batches get.
+    pub(crate) fn producer(&self) -> (i64, i16) {
+        self.producer
+    }
+
+    /// The error that failed the transaction, if one did.
+    pub(crate) fn failure(&self) -> Option<&Error> {
+        self.failed.as_ref()
+    }
+
+    /// Appends one record to `partition`'s open batch. Refused (record and waiter handed back)
+    /// once a transactional accumulator has failed.
+    pub(crate) fn append(
+        &mut self,
+        partition: TopicPartition,
+        record: Record,
+        waiter: W,
+        now: Instant,
+    ) -> Result<(), (Error, W)> {
+        if let Some(e) = &self.failed {
+            return Err((e.clone(), waiter));
+        }
+        let size = record_size(&record);
+        let batch_size = self.settings.batch_size;
+        let producer = self.producer;
+        let queue = self.partitions.entry(partition).or_default();
+        if queue
+            .open
+            .as_ref()
+            .is_some_and(|open| open.bytes + size > batch_size)
+        {
+            Self::close(queue, producer);
+        }
+        let open = queue.open.get_or_insert_with(|| {
+            self.next_id += 1;
+            Batch {
+                id: self.next_id,
+                records: Vec::new(),
+                waiters: Vec::new(),
+                bytes: 0,
+                created: now,
+                producer: (-1, -1),
+                base_sequence: -1,
+                sent: false,
+                attempts: 0,
+                sent_behind_unacked: false,
+            }
+        });
+        open.records.push(record);
+        open.waiters.push(waiter);
+        open.bytes += size;
+        if open.bytes >= batch_size {
+            Self::close(queue, producer);
+        }
+        Ok(())
+    }
+
+    fn close(queue: &mut PartitionQueue<W>, producer: (i64, i16)) {
+        if let Some(mut batch) = queue.open.take() {
+            batch.producer = producer;
+            batch.base_sequence = queue.next_sequence;
+            queue.next_sequence =
+                increment_sequence(queue.next_sequence, batch.records.len() as i32);
+            queue.queued.push_back(batch);
+        }
+    }
+
+    /// Asks that every open batch close at once (a flush), or stops asking.
+    pub(crate) fn set_flushing(&mut self, flushing: bool) {
+        self.flushing = flushing;
+    }
+
+    /// Closes the open batches that are `linger.ms` old (all of them while flushing).
+    pub(crate) fn close_ready(&mut self, now: Instant) {
+        let linger = self.settings.linger;
+        let (producer, flushing) = (self.producer, self.flushing);
+        for queue in self.partitions.values_mut() {
+            if queue
+                .open
+                .as_ref()
+                .is_some_and(|b| flushing || now >= b.created + linger)
+            {
+                Self::close(queue, producer);
+            }
+        }
+    }
+
+    /// The batches to send now, in sequence order per partition, marked in flight.
+    pub(crate) fn drain(&mut self, now: Instant) -> Vec<Outbound> {
+        let max = self.settings.max_in_flight.max(1);
+        let hold_unsent = self.reset_pending;
+        let mut out = Vec::new();
+        for (tp, queue) in &mut self.partitions {
+            if queue.retry_at.is_some_and(|at| now < at) {
+                continue;
+            }
+            queue.retry_at = None;
+            while queue.in_flight.len() < max {
+                // Waiting for a new producer id: only batches already sent under the old one
+                // may go (they must be resolved before the reset).
+                let Some(front) = queue.queued.front() else {
+                    break;
+                };
+                if hold_unsent && !front.sent {
+                    break;
+                }
+                let mut batch = queue.queued.pop_front().expect("front exists");
+                batch.sent_behind_unacked = queue
+                    .in_flight
+                    .iter()
+                    .any(|b| sequence_before(b.base_sequence, batch.base_sequence));
+                batch.sent = true;
+                batch.attempts += 1;
+                out.push(Outbound {
+                    id: batch.id,
+                    partition: tp.clone(),
+                    producer: batch.producer,
+                    base_sequence: batch.base_sequence,
+                    records: batch.records.clone(),
+                });
+                let at = queue
+                    .in_flight
+                    .iter()
+                    .position(|b| sequence_before(batch.base_sequence, b.base_sequence))
+                    .unwrap_or(queue.in_flight.len());
+                queue.in_flight.insert(at, batch);
+            }
+        }
+        out
+    }
+
+    /// What the leader's answer to batch `id` means; returns the batches now finished.
+    pub(crate) fn on_response(
+        &mut self,
+        partition: &TopicPartition,
+        id: u64,
+        result: Result<(i64, bool), Error>,
+        now: Instant,
+    ) -> Vec<Completion<W>> {
+        let Some(queue) = self.partitions.get_mut(partition) else {
+            return Vec::new();
+        };
+        let Some(at) = queue.in_flight.iter().position(|b| b.id == id) else {
+            return Vec::new();
+        };
+        let mut batch = queue.in_flight.remove(at);
+        let error = match result {
+            Ok((base_offset, duplicate)) => {
+                let done = Completion::Delivered {
+                    partition: partition.clone(),
+                    base_offset,
+                    duplicate,
+                    waiters: std::mem::take(&mut batch.waiters),
+                };
+                return vec![done];
+            }
+            Err(e) => e,
+        };
+        if batch.waiters.is_empty() {
+            // Already failed (a transaction that failed elsewhere): nothing to retry.
+            return Vec::new();
+        }
+        let transient_gap = batch.sent_behind_unacked
+            && matches!(
+                error,
+                Error::OutOfOrderSequence(_) | Error::UnknownProducerId(_)
+            );
+        if error.is_retriable() || transient_gap {
+            if now >= batch.created + self.settings.delivery_timeout {
+                let error = Error::Timeout(format!(
+                    "delivery.timeout.ms ({} ms) expired for a batch of {} record(s) to {partition} after {} attempt(s); last error: {error}",
+                    self.settings.delivery_timeout.as_millis(),
+                    batch.records.len(),
+                    batch.attempts,
+                ));
+                return self.fail_batch(partition, batch, error);
+            }
+            if !transient_gap {
+                let backoff = self
+                    .settings
+                    .retry_backoff
+                    .saturating_mul(1u32 << batch.attempts.saturating_sub(1).min(16))
+                    .min(self.settings.retry_backoff_max);
+                queue.retry_at = Some(
+                    queue
+                        .retry_at
+                        .map_or(now + backoff, |t| t.max(now + backoff)),
+                );
+            }
+            let at = queue
+                .queued
+                .iter()
+                .position(|b| sequence_before(batch.base_sequence, b.base_sequence))
+                .unwrap_or(queue.queued.len());
+            queue.queued.insert(at, batch);
+            return Vec::new();
+        }
+        self.fail_batch(partition, batch, error)
+    }
+
+    /// `batch` (already taken out of its queue) failed for good.
+    fn fail_batch(
+        &mut self,
+        partition: &TopicPartition,
+        mut batch: Batch<W>,
+        error: Error,
+    ) -> Vec<Completion<W>> {
+        let mut done = vec![Completion::Failed {
+            error: error.clone(),
+            waiters: std::mem::take(&mut batch.waiters),
+        }];
+        match self.mode {
+            Mode::Transactional => done.extend(self.fail_all(error)),
+            Mode::Idempotent => {
+                self.reset_pending = true;
+                if let Some(queue) = self.partitions.get_mut(partition) {
+                    // Every batch of this partition whose outcome is tied to the failed one's
+                    // sequences: the sent ones (in flight ones stay tracked until answered).
+                    for b in &mut queue.in_flight {
+                        if !b.waiters.is_empty() {
+                            done.push(Completion::Failed {
+                                error: error.clone(),
+                                waiters: std::mem::take(&mut b.waiters),
+                            });
+                        }
+                    }
+                    let (sent, unsent): (VecDeque<_>, VecDeque<_>) =
+                        queue.queued.drain(..).partition(|b| b.sent);
+                    queue.queued = unsent;
+                    for mut b in sent {
+                        done.push(Completion::Failed {
+                            error: error.clone(),
+                            waiters: std::mem::take(&mut b.waiters),
+                        });
+                    }
+                }
+                tracing::info!(%partition, error = %error,
+                    "a batch failed; the idempotent producer will get a new producer id");
+            }
+        }
+        done
+    }
+
+    /// Fails every pending record with `error` (a transaction failed or is being aborted);
+    /// transactional accumulators then refuse records until [`Accumulator::reset`].
+    pub(crate) fn fail_all(&mut self, error: Error) -> Vec<Completion<W>> {
+        if self.mode == Mode::Transactional && self.failed.is_none() {
+            self.failed = Some(error.clone());
+        }
+        let mut done = Vec::new();
+        let mut fail = |waiters: Vec<W>| {
+            if !waiters.is_empty() {
+                done.push(Completion::Failed {
+                    error: error.clone(),
+                    waiters,
+                });
+            }
+        };
+        for queue in self.partitions.values_mut() {
+            if let Some(b) = queue.open.take() {
+                fail(b.waiters);
+            }
+            for b in queue.queued.drain(..) {
+                fail(b.waiters);
+            }
+            for b in &mut queue.in_flight {
+                fail(std::mem::take(&mut b.waiters));
+            }
+        }
+        self.partitions.retain(|_, q| !q.is_empty());
+        done
+    }
+
+    /// Fails the records whose `delivery.timeout.ms` passed while they were not in flight.
+    pub(crate) fn expire(&mut self, now: Instant) -> Vec<Completion<W>> {
+        let timeout = self.settings.delivery_timeout;
+        let mut expired = Vec::new();
+        for (tp, queue) in &mut self.partitions {
+            if queue
+                .open
+                .as_ref()
+                .is_some_and(|b| now >= b.created + timeout)
+            {
+                expired.push((tp.clone(), queue.open.take().expect("checked")));
+            }
+            while queue
+                .queued
+                .front()
+                .is_some_and(|b| now >= b.created + timeout)
+            {
+                expired.push((tp.clone(), queue.queued.pop_front().expect("checked")));
+            }
+        }
+        let mut done = Vec::new();
+        for (tp, batch) in expired {
+            let error = Error::Timeout(format!(
+                "delivery.timeout.ms ({} ms) expired for {} record(s) to {tp} before they were acknowledged",
+                timeout.as_millis(),
+                batch.records.len()
+            ));
+            if batch.base_sequence < 0 {
+                // Never closed: no sequence, no gap.
+                done.push(Completion::Failed {
+                    error,
+                    waiters: batch.waiters,
+                });
+            } else {
+                done.extend(self.fail_batch(&tp, batch, error));
+            }
+        }
+        done
+    }
+
+    /// Idempotent: a batch failed, nothing is in flight and no sent batch waits for a retry;
+    /// time to get a new (PID, epoch) and call [`Accumulator::reset`].
+    pub(crate) fn needs_new_producer(&self) -> bool {
+        self.reset_pending
+            && self
+                .partitions
+                .values()
+                .all(|q| q.in_flight.is_empty() && q.queued.iter().all(|b| !b.sent))
+    }
+
+    /// Adopts a new (PID, epoch): sequences restart at 0 and every closed batch never sent gets
+    /// a fresh one (in its old order). Clears a transactional failure.
+    pub(crate) fn reset(&mut self, producer: (i64, i16)) {
+        self.producer = producer;
+        self.failed = None;
+        self.reset_pending = false;
+        for queue in self.partitions.values_mut() {
+            queue.next_sequence = 0;
+            queue.retry_at = None;
+            // In-flight leftovers (already failed) keep their old identity until answered.
+            for b in &mut queue.queued {
+                b.producer = producer;
+                b.base_sequence = queue.next_sequence;
+                queue.next_sequence =
+                    increment_sequence(queue.next_sequence, b.records.len() as i32);
+            }
+        }
+        self.partitions.retain(|_, q| !q.is_empty());
+    }
+
+    /// Nothing open, queued or in flight.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.partitions.values().all(PartitionQueue::is_empty)
+    }
+
+    /// Batches sent and not answered yet, over every partition.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.partitions.values().map(|q| q.in_flight.len()).sum()
+    }
+
+    /// When something needs doing without new input: a linger or a backoff ending, a delivery
+    /// timeout passing.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let timeout = self.settings.delivery_timeout;
+        let linger = self.settings.linger;
+        let mut next: Option<Instant> = None;
+        let mut at = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        for queue in self.partitions.values() {
+            if let Some(b) = &queue.open {
+                at(b.created + linger.min(timeout));
+            }
+            if let Some(b) = queue.queued.front() {
+                at(b.created + timeout);
+                if let Some(r) = queue.retry_at {
+                    at(r);
+                }
+            }
+        }
+        next
+    }
+}
+
+/// Whether sequence `a` comes before `b` (both within one producer's window; wrapping).
+fn sequence_before(a: i32, b: i32) -> bool {
+    // The window is far smaller than half the sequence space, so the shorter way round wins.
+    let forward = if b >= a {
+        i64::from(b) - i64::from(a)
+    } else {
+        i64::from(b) + i64::from(i32::MAX) + 1 - i64::from(a)
+    };
+    forward > 0 && forward < i64::from(i32::MAX) / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn settings() -> Settings {
+        Settings {
+            batch_size: 3 * record_size(&rec(0)),
+            linger: 5 * MS,
+            max_in_flight: 5,
+            delivery_timeout: 1000 * MS,
+            retry_backoff: 10 * MS,
+            retry_backoff_max: 40 * MS,
+        }
+    }
+
+    fn rec(i: u32) -> Record {
+        Record {
+            key: vec![],
+            value: format!("v{i:04}").into_bytes(),
+            timestamp_ms: 0,
+        }
+    }
+
+    fn tp(p: i32) -> TopicPartition {
+        TopicPartition::new("t", p)
+    }
+
+    fn acc(mode: Mode) -> (Accumulator<u32>, Instant) {
+        (Accumulator::new(settings(), mode, (7, 0)), Instant::now())
+    }
+
+    fn append(a: &mut Accumulator<u32>, p: i32, range: std::ops::Range<u32>, now: Instant) {
+        for i in range {
+            a.append(tp(p), rec(i), i, now).unwrap();
+        }
+    }
+
+    fn seqs(out: &[Outbound]) -> Vec<i32> {
+        out.iter().map(|o| o.base_sequence).collect()
+    }
+
+    /// Delivered waiters with their offsets, failed waiters with their error code names.
+    type Outcomes = (Vec<(u32, i64)>, Vec<(u32, &'static str)>);
+
+    fn outcomes(done: Vec<Completion<u32>>) -> Outcomes {
+        let (mut ok, mut failed) = (vec![], vec![]);
+        for c in done {
+            match c {
+                Completion::Delivered {
+                    base_offset,
+                    waiters,
+                    ..
+                } => ok.extend(
+                    waiters
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, w)| (w, base_offset + i as i64)),
+                ),
+                Completion::Failed { error, waiters } => {
+                    failed.extend(waiters.into_iter().map(|w| (w, error.code_name())))
+                }
+            }
+        }
+        (ok, failed)
+    }
+
+    fn transport() -> Error {
+        Error::transport("leader", "connection reset")
+    }
+
+    fn out_of_order() -> Error {
+        Error::OutOfOrderSequence("gap".into())
+    }
+
+    #[test]
+    fn batches_close_on_size_and_on_linger_with_sequences_in_order() {
+        let (mut a, t0) = acc(Mode::Idempotent);
+        append(&mut a, 0, 0..7, t0);
+        // Two full batches closed at once; the seventh record lingers.
+        let out = a.drain(t0);
+        assert_eq!(seqs(&out), vec![0, 3]);
+        assert_eq!(out[0].records.len(), 3);
+        assert_eq!(out[0].producer, (7, 0));
+        assert_eq!(a.next_deadline(), Some(t0 + 5 * MS));
+        a.close_ready(t0 + 4 * MS);
+        assert!(a.drain(t0 + 4 * MS).is_empty(), "linger not over yet");
+        a.close_ready(t0 + 5 * MS);
+        let out = a.drain(t0 + 5 * MS);
+        assert_eq!(seqs(&out), vec![6]);
+        assert_eq!(out[0].records.len(), 1);
+    }
+
+    #[test]
+    fn flushing_closes_at_once_and_idle_means_everything_answered() {
+        let (mut a, t0) = acc(Mode::Idempotent);
+        append(&mut a, 0, 0..1, t0);
+        append(&mut a, 1, 1..2, t0);
+        a.set_flushing(true);
+        a.close_ready(t0);
+        let out = a.drain(t0);
+        assert_eq!(out.len(), 2);
+        assert!(!a.is_idle());
+        for o in &out {
+            a.on_response(&o.partition, o.id, Ok((10, false)), t0);
+        }
+        assert!(a.is_idle());
+    }
+
+    #[test]
+    fn at_most_max_in_flight_per_partition() {
+        let (mut a, t0) = acc(Mode::Idempotent);
+        append(&mut a, 0, 0..21, t0); // 7 full batches
+        append(&mut a, 1, 0..3, t0); // another partition has its own limit
+        let out = a.drain(t0);
+        let p0: Vec<_> = out.iter().filter(|o| o.partition == tp(0)).collect();
+        assert_eq!(p0.len(), 5);
+        assert_eq!(out.len(), 6);
+        assert!(a.drain(t0).is_empty());
+        let done = a.on_response(&tp(0), p0[0].id, Ok((0, false)), t0);
+        assert_eq!(outcomes(done).0, vec![(0, 0), (1, 1), (2, 2)]);
+        let next = a.drain(t0);
+        assert_eq!(
+            seqs(&next),
+            vec![15],
+            "one slot freed, the next sequence goes"
+        );
+        assert_eq!(a.in_flight(), 6);
+    }
+
+    #[test]
+    fn a_retriable_error_requeues_in_sequence_order_after_a_backoff() {
+        let (mut a, t0) = acc(Mode::Idempotent);
+        append(&mut a, 0, 0..9, t0);
+        let out = a.drain(t0);
+        assert_eq!(seqs(&out), vec![0, 3, 6]);
+        // The first batch's answer is lost; the third overtook it at the leader and was
+        // rejected as out of order; the second is still in flight.
+        assert!(a
+            .on_response(&tp(0), out[0].id, Err(transport()), t0)
+            .is_empty());
+        assert!(a
+            .on_response(&tp(0), out[2].id, Err(out_of_order()), t0)
+            .is_empty());
+        assert!(a.drain(t0).is_empty(), "backoff first");
+        assert_eq!(a.next_deadline(), Some(t0 + 10 * MS));
+        let t1 = t0 + 10 * MS;
+        let retry = a.drain(t1);
+        assert_eq!(
+            seqs(&retry),
+            vec![0, 6],
+            "in sequence order, same sequences"
+        );
+        assert_eq!(retry[0].records, out[0].records);
+        // Answers: seq 0 was appended the first time (duplicate), seq 3 and 6 go through.
+        let (ok, _) = outcomes(a.on_response(&tp(0), retry[0].id, Ok((100, true)), t1));
+        assert_eq!(ok, vec![(0, 100), (1, 101), (2, 102)]);
+        let (ok, _) = outcomes(a.on_response(&tp(0), out[1].id, Ok((103, false)), t1));
+        assert_eq!(ok.len(), 3);
+        let (ok, _) = outcomes(a.on_response(&tp(0), retry[1].id, Ok((106, false)), t1));
+        assert_eq!(ok, vec![(6, 106), (7, 107), (8, 108)]);
+        assert!(a.is_idle());
+    }
+
+    #[test]
+    fn out_of_order_with_nothing_before_it_in_flight_is_a_real_gap() {
+        let (mut a, t0) = acc(Mode::Transactional);
+        append(&mut a, 0, 0..3, t0);
+        let out = a.drain(t0);
+        append(&mut a, 0, 3..4, t0); // open, waiting
+        let (ok, failed) = outcomes(a.on_response(&tp(0), out[0].id, Err(out_of_order()), t0));
+        assert!(ok.is_empty());
+        assert_eq!(
+            failed,
+            vec![
+                (0, "OUT_OF_ORDER_SEQUENCE_NUMBER"),
+                (1, "OUT_OF_ORDER_SEQUENCE_NUMBER"),
+                (2, "OUT_OF_ORDER_SEQUENCE_NUMBER"),
+                (3, "OUT_OF_ORDER_SEQUENCE_NUMBER")
+            ],
+            "the transaction fails: the waiting record too"
+        );
+        assert!(matches!(a.failure(), Some(Error::OutOfOrderSequence(_))));
+        let (e, w) = a.append(tp(1), rec(9), 9, t0).unwrap_err();
+        assert!(matches!(e, Error::OutOfOrderSequence(_)));
+        assert_eq!(w, 9);
+        a.reset((7, 1));
+        assert!(a.failure().is_none());
+        a.append(tp(0), rec(10), 10, t0).unwrap();
+        a.set_flushing(true);
+        a.close_ready(t0);
+        let out = a.drain(t0);
+        assert_eq!((out[0].producer, out[0].base_sequence), ((7, 1), 0));
+    }
+
+    #[test]
+    fn a_transactional_failure_fails_in_flight_records_and_ignores_their_answers() {
+        let (mut a, t0) = acc(Mode::Transactional);
+        append(&mut a, 0, 0..3, t0);
+        append(&mut a, 1, 3..6, t0);
+        let out = a.drain(t0);
+        let fenced = Error::InvalidProducerEpoch("newer epoch".into());
+        let (_, failed) = outcomes(a.on_response(&tp(0), out[0].id, Err(fenced), t0));
+        assert_eq!(
+            failed.len(),
+            6,
+            "partition 1's in-flight records resolve too"
+        );
+        assert!(!a.is_idle(), "partition 1's request is still out");
+        let (ok, failed) = outcomes(a.on_response(&tp(1), out[1].id, Ok((0, false)), t0));
+        assert!(ok.is_empty() && failed.is_empty());
+        assert!(a.is_idle());
+    }
+
+    #[test]
+    fn overtaken_batches_retry_without_backoff_and_without_failing() {
+        let (mut a, t0) = acc(Mode::Idempotent);
+        append(&mut a, 0, 0..6, t0);
+        let out = a.drain(t0);
+        // The leader handled seq 3 before seq 0: UNKNOWN_PRODUCER_ID (new PID) for seq 3.
+        let unknown = Error::UnknownProducerId("no state".into());
+        assert!(a
+            .on_response(&tp(0), out[1].id, Err(unknown), t0)
+            .is_empty());
+        let again = a.drain(t0);
+        assert_eq!(seqs(&again), vec![3], "no backoff for an overtaken batch");
+        a.on_response(&tp(0), out[0].id, Ok((0, false)), t0);
+        let (ok, _) = outcomes(a.on_response(&tp(0), again[0].id, Ok((3, false)), t0));
+        assert_eq!(ok.len(), 3);
+        assert!(!a.needs_new_producer());
+    }
+
+    #[test]
+    fn idempotent_failure_fails_the_partitions_sent_batches_then_resequences_the_rest() {
+        let (mut a, t0) = acc(Mode::Idempotent);
+        let mut s = settings();
+        s.max_in_flight = 2;
+        a.settings = s;
+        append(&mut a, 0, 0..12, t0); // seq 0, 3 in flight; 6, 9 queued
+        append(&mut a, 1, 20..23, t0);
+        let out = a.drain(t0);
+        assert_eq!(seqs(&out), vec![0, 3, 0]);
+        let (_, failed) = outcomes(a.on_response(&tp(0), out[0].id, Err(out_of_order()), t0));
+        let failed: Vec<u32> = failed.into_iter().map(|(w, _)| w).collect();
+        assert_eq!(
+            failed,
+            vec![0, 1, 2, 3, 4, 5],
+            "the failed batch and the one sent after it"
+        );
+        assert!(
+            a.drain(t0).is_empty(),
+            "unsent batches wait for the new producer id"
+        );
+        assert!(!a.needs_new_producer(), "requests still in flight");
+        a.on_response(&tp(0), out[1].id, Err(out_of_order()), t0);
+        // Partition 1's batch completes under the old PID.
+        let (ok, _) = outcomes(a.on_response(&tp(1), out[2].id, Ok((0, false)), t0));
+        assert_eq!(ok.len(), 3);
+        assert!(a.needs_new_producer());
+        a.reset((8, 0));
+        let out = a.drain(t0);
+        assert_eq!(
+            out.iter()
+                .map(|o| (o.producer, o.base_sequence, o.records[0].value.clone()))
+                .collect::<Vec<_>>(),
+            vec![
+                ((8, 0), 0, b"v0006".to_vec()),
+                ((8, 0), 3, b"v0009".to_vec())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sent_batch_waiting_for_a_retry_is_resolved_before_the_reset() {
+        let (mut a, t0) = acc(Mode::Idempotent);
+        append(&mut a, 0, 0..3, t0);
+        append(&mut a, 1, 3..6, t0);
+        let out = a.drain(t0);
+        a.on_response(&tp(1), out[1].id, Err(transport()), t0);
+        a.on_response(&tp(0), out[0].id, Err(out_of_order()), t0);
+        assert!(
+            !a.needs_new_producer(),
+            "partition 1's batch may have been appended"
+        );
+        let retry = a.drain(t0 + 10 * MS);
+        assert_eq!(retry.len(), 1);
+        assert_eq!(retry[0].producer, (7, 0), "retried under the old identity");
+        a.on_response(&tp(1), retry[0].id, Ok((0, true)), t0 + 10 * MS);
+        assert!(a.needs_new_producer());
+    }
+
+    #[test]
+    fn delivery_timeout_fails_waiting_and_retrying_batches() {
+        let (mut a, t0) = acc(Mode::Transactional);
+        append(&mut a, 0, 0..3, t0);
+        let out = a.drain(t0);
+        let late = t0 + 1000 * MS;
+        let (_, failed) = outcomes(a.on_response(&tp(0), out[0].id, Err(transport()), late));
+        assert_eq!(failed.len(), 3);
+        assert!(failed.iter().all(|(_, code)| *code == "TIMEOUT"));
+
+        let (mut a, t0) = acc(Mode::Idempotent);
+        append(&mut a, 0, 0..1, t0); // lingering
+        assert!(a.expire(t0 + 999 * MS).is_empty());
+        let (_, failed) = outcomes(a.expire(t0 + 1000 * MS));
+        assert_eq!(failed, vec![(0, "TIMEOUT")]);
+        assert!(!a.needs_new_producer(), "never closed: no sequence, no gap");
+    }
+
+    #[test]
+    fn sequences_wrap_at_i32_max() {
+        assert_eq!(increment_sequence(i32::MAX, 1), 0);
+        assert_eq!(increment_sequence(i32::MAX - 1, 3), 1);
+        assert!(sequence_before(i32::MAX, 0));
+        assert!(!sequence_before(0, i32::MAX));
+        assert!(sequence_before(3, 6));
+        assert!(!sequence_before(6, 6));
+    }
+}
