@@ -292,7 +292,9 @@ per_txn=10
 step "2. Producer instance A: transactional id '$txn_id' in its own container"
 # A writes "A-0", "A-1", ... round robin over the 3 partitions, 50 records per transaction, and
 # would go on for a long time: it is stopped by the fencing below, not by its record count.
-produce_a=(produce --topic "$topic" --transactional-id "$txn_id" --records 1000000 --per-txn "$a_per_txn" --value-prefix A)
+# A is paced (--throughput, records/s): its producer pipeline would otherwise queue a whole
+# transaction in microseconds and a pause would nearly always find it waiting for its commit.
+produce_a=(produce --topic "$topic" --transactional-id "$txn_id" --records 1000000 --per-txn "$a_per_txn" --throughput 500 --value-prefix A)
 a="$(mb_start producer-a "${produce_a[@]}")"
 say "container $a: minibroker ${produce_a[*]}"
 view="$(wait_txn 60 'epoch >= 2')" || die "A did not commit two transactions (coordinator: $view)"

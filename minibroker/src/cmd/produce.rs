@@ -46,12 +46,16 @@ pub struct ProduceArgs {
     /// `max.in.flight.requests.per.connection=5`, `buffer.memory=33554432` (repeatable).
     #[arg(long = "producer-property", value_name = "NAME=VALUE")]
     producer_property: Vec<String>,
+    /// Send at most this many records per second (default: as fast as the producer goes).
+    #[arg(long, value_name = "RECORDS_PER_SEC")]
+    throughput: Option<f64>,
 }
 
 /// What to write: record `n`'s value and partition.
 struct Workload<'a> {
     args: &'a ProduceArgs,
     partitions: i32,
+    started: Instant,
 }
 
 impl Workload<'_> {
@@ -61,6 +65,14 @@ impl Workload<'_> {
             v.resize(self.args.size, b'.');
         }
         v
+    }
+
+    /// With `--throughput`, waits until record `n` is due (as kafka-producer-perf-test paces).
+    async fn pace(&self, n: u64) {
+        if let Some(rate) = self.args.throughput.filter(|r| *r > 0.0) {
+            let due = self.started + Duration::from_secs_f64(n as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
     }
 
     fn partition_of(&self, n: u64) -> i32 {
@@ -127,6 +139,7 @@ pub async fn run(config: ClientConfig, args: ProduceArgs, json: bool) -> anyhow:
     let work = Workload {
         args: &args,
         partitions,
+        started: Instant::now(),
     };
     let mut tally = Tally::new(args.records, json);
     let (pid, epoch) = match &args.transactional_id {
@@ -155,6 +168,7 @@ async fn idempotent(
     const WINDOW: usize = 100_000;
     let mut pending = std::collections::VecDeque::new();
     for n in 0..work.args.records {
+        work.pace(n).await;
         pending.push_back(
             producer
                 .send(&work.args.topic, work.partition_of(n), work.value(n))
@@ -215,6 +229,7 @@ async fn transactions(
         let end = (n + per_txn).min(args.records);
         let mut deliveries = Vec::new();
         for i in n..end {
+            work.pace(i).await;
             deliveries.push(
                 producer
                     .send(&args.topic, work.partition_of(i), work.value(i))
