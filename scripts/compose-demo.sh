@@ -330,7 +330,8 @@ step "3. Producer instance B: the same transactional id, in a new container"
 # Sized from A's rate: as many records as A writes in 20 s. With 10 instead of 50 records per
 # transaction B is slower, and the crashes hold it up: it runs long enough for steps 5 and 6.
 b_records=$(awk -v r="$rate" -v n="$a_per_txn" -v m="$per_txn" 'BEGIN { x = int(r * n * 20); if (x < 3000) x = 3000; if (x > 40000) x = 40000; print x - x % m }')
-produce_b=(--json produce --topic "$topic" --transactional-id "$txn_id" --records "$b_records" --per-txn "$per_txn" --value-prefix B)
+# B is paced too, so that its transactions stay open long enough to be caught open (step 6).
+produce_b=(--json produce --topic "$topic" --transactional-id "$txn_id" --records "$b_records" --per-txn "$per_txn" --throughput 400 --value-prefix B)
 b="$(mb_start producer-b "${produce_b[@]}")"
 say "container $b: minibroker ${produce_b[*]}"
 view="$(wait_txn 60 "pid == $a_pid and epoch > $a_epoch")" \
