@@ -92,6 +92,7 @@ async fn serve_on(
     let addr = listener.local_addr().unwrap();
     let mut config =
         coordinator::CoordinatorConfig::new(1, "/nonexistent", cluster.topology.clone());
+    config.cluster_secret = Some(testkit::auth::secret());
     config.marker_retry_backoff = Duration::from_millis(10);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(coordinator::serve_with_storage(
