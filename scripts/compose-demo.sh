@@ -55,6 +55,12 @@ done
 
 image="${MINIBROKER_IMAGE:-minibroker:local}"
 export MINIBROKER_IMAGE="$image"
+# The cluster secret every node signs and checks internal requests with: fresh for each run
+# unless the caller set one.
+if [[ -z "${MINIBROKER_CLUSTER_SECRET:-}" ]]; then
+  MINIBROKER_CLUSTER_SECRET="$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+fi
+export MINIBROKER_CLUSTER_SECRET
 txn_id="${DEMO_TRANSACTIONAL_ID:-payments-app}"
 topic="demo"
 label="org.minibroker.demo=$project"

@@ -8,6 +8,8 @@
 //! - [`service`]: the `Cluster` gRPC service over a topology.
 //! - [`node`]: node plumbing both node kinds share (clock, blocking pool, TCP_NODELAY listener,
 //!   stop signal, opening and closing sled with its lock file, poison-tolerant locks).
+//! - [`auth`]: cluster membership: the cluster secret, the topology fingerprint, and the MAC
+//!   that every internal request (markers, verification) carries and every receiver checks.
 //! - [`marker_fence`]: the one fencing rule for transaction markers, applied by partition
 //!   leaders (WriteTxnMarkers) and group coordinators (WriteGroupOffsetMarker).
 //!
@@ -23,6 +25,7 @@
 //! marker is written by the leader's shell on [`node::blocking`] and answered NONE. A group
 //! marker to a group coordinator goes through the same [`marker_fence::check`].
 
+pub mod auth;
 pub mod marker_fence;
 pub mod node;
 pub mod service;

@@ -17,12 +17,17 @@ use crate::MAX_ID_LEN;
 #[derive(Clone, Debug)]
 pub struct ClusterService {
     topology: Arc<Topology>,
+    fingerprint: String,
 }
 
 impl ClusterService {
     /// A service over `topology`.
     pub fn new(topology: Arc<Topology>) -> Self {
-        Self { topology }
+        let fingerprint = topology.fingerprint();
+        Self {
+            topology,
+            fingerprint,
+        }
     }
 
     /// Wraps the service for `tonic::transport::Server::add_service`.
@@ -105,6 +110,7 @@ impl Cluster for ClusterService {
             leaders: t.leaders.iter().map(endpoint).collect(),
             topics,
             transaction_state_partitions: t.transaction_state_partitions,
+            topology_fingerprint: self.fingerprint.clone(),
         }))
     }
 }

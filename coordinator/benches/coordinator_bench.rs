@@ -229,8 +229,9 @@ async fn main() -> anyhow::Result<()> {
          [[leaders]]\nid = 101\naddress = \"{leader_addr}\"\n\
          [[topics]]\nname = \"bench\"\nleaders = [101, 101, 101, 101]\n"
     ))?;
-    let config =
+    let mut config =
         coordinator::CoordinatorConfig::new(1, dir.path().join("coordinator"), Arc::new(topology));
+    config.cluster_secret = Some(testkit::auth::secret());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(coordinator::serve(config, listener, async move {
         let _ = stop_rx.await;

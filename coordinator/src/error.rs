@@ -33,6 +33,15 @@ pub enum Error {
     /// An I/O error.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// An internal request that is not from a cluster member allowed to send it
+    /// (CLUSTER_AUTHORIZATION_FAILED), or from a node of another topology
+    /// (INCONSISTENT_CLUSTER_ID). Nothing was changed.
+    #[error(transparent)]
+    Membership(#[from] cluster::auth::AuthError),
+    /// This node's topology disagrees with a peer's: it does not serve ownership it may not have
+    /// (COORDINATOR_NOT_AVAILABLE, retriable once the operator fixed the topology files).
+    #[error("{0}")]
+    TopologyConflict(String),
 }
 
 impl Error {
@@ -53,6 +62,8 @@ pub fn error_code(error: &Error) -> ErrorCode {
         Error::CoordinatorLoadInProgress => ErrorCode::CoordinatorLoadInProgress,
         Error::Protocol(e) => e.code(),
         Error::Storage(_) => ErrorCode::KafkaStorageError,
+        Error::Membership(e) => e.code(),
+        Error::TopologyConflict(_) => ErrorCode::CoordinatorNotAvailable,
         Error::Transport(_) | Error::Config(_) | Error::Io(_) => ErrorCode::UnknownServerError,
     }
 }

@@ -40,6 +40,12 @@ struct Args {
     /// Largest transaction timeout accepted, in milliseconds.
     #[arg(long, env = "MAX_TRANSACTION_TIMEOUT_MS", default_value_t = cluster::MAX_TRANSACTION_TIMEOUT_MS)]
     max_transaction_timeout_ms: i32,
+    /// File holding the cluster secret (the same on every node; see docs/PROTOCOL.md section 12).
+    #[arg(long, env = "CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
+    /// The cluster secret itself (prefer the file: a flag shows in `ps`).
+    #[arg(long, env = "CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
 }
 
 #[tokio::main]
@@ -59,6 +65,17 @@ async fn main() -> anyhow::Result<()> {
     config.timeout_scan_interval = Duration::from_millis(args.timeout_scan_interval_ms.max(1));
     config.marker_retry_backoff = Duration::from_millis(args.marker_retry_backoff_ms.max(1));
     config.max_transaction_timeout_ms = args.max_transaction_timeout_ms;
+    config.cluster_secret = Some(cluster::auth::ClusterSecret::from_sources(
+        args.cluster_secret_file.as_deref(),
+        args.cluster_secret.as_deref(),
+    )?);
+    // Refuse before binding when another process holds this data directory.
+    cluster::node::wait_until_unlocked(&config.data_dir, Duration::ZERO).with_context(|| {
+        format!(
+            "data directory {} is in use by another process",
+            config.data_dir.display()
+        )
+    })?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

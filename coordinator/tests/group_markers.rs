@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use cluster::Topology;
 use common::*;
 use proto::{ErrorCode, TxnState, WriteGroupOffsetMarkerRequest};
 
@@ -49,29 +50,35 @@ impl Marker {
         self
     }
 
-    async fn send(&self, client: &mut Client) -> ErrorCode {
+    /// Sends the marker as its coordinator would: signed with the cluster secret, naming a
+    /// transactional id that coordinator owns under `topology`.
+    async fn send_in(&self, topology: &Topology, client: &mut Client) -> ErrorCode {
+        let mut request = WriteGroupOffsetMarkerRequest {
+            group_id: self.group.clone(),
+            producer_id: self.pid,
+            producer_epoch: self.epoch,
+            result: if self.commit {
+                proto::TxnResult::Commit
+            } else {
+                proto::TxnResult::Abort
+            } as i32,
+            offsets: self
+                .offsets
+                .iter()
+                .map(|(t, p, o)| proto::PartitionOffset {
+                    topic: t.to_string(),
+                    partition: *p,
+                    offset: *o,
+                })
+                .collect(),
+            coordinator_id: self.coordinator_id,
+            coordinator_generation: self.generation,
+            transactional_id: testkit::auth::id_owned_by(topology, self.coordinator_id),
+            auth: None,
+        };
+        testkit::auth::sign(topology, self.coordinator_id, &mut request);
         let r = client
-            .write_group_offset_marker(WriteGroupOffsetMarkerRequest {
-                group_id: self.group.clone(),
-                producer_id: self.pid,
-                producer_epoch: self.epoch,
-                result: if self.commit {
-                    proto::TxnResult::Commit
-                } else {
-                    proto::TxnResult::Abort
-                } as i32,
-                offsets: self
-                    .offsets
-                    .iter()
-                    .map(|(t, p, o)| proto::PartitionOffset {
-                        topic: t.to_string(),
-                        partition: *p,
-                        offset: *o,
-                    })
-                    .collect(),
-                coordinator_id: self.coordinator_id,
-                coordinator_generation: self.generation,
-            })
+            .write_group_offset_marker(request)
             .await
             .unwrap()
             .into_inner();
@@ -88,22 +95,29 @@ async fn offsets(client: &mut Client, group: &str) -> (i64, i64) {
 
 #[tokio::test]
 async fn late_group_markers_never_move_offsets_backwards_even_after_a_restart() {
-    let mut cluster = Cluster::start(1).await;
+    // Coordinators 7 and 8 are in the topology but not started: the test sends their markers.
+    let mut cluster = Cluster::start_with_ghosts(1, &[7, 8], |_| {}).await;
+    let topology = cluster.topology.clone();
     let mut c = cluster.client(1).await;
-    let g = "group-late";
+    let late = cluster.id_owned_by(1, "group-late");
+    let g = late.as_str();
+    let other_group = cluster.id_owned_by(1, "group-other");
 
     // Transaction 1 of PID 1000 ends with epoch 5, transaction 2 with epoch 6.
     let txn1 = Marker::commit(g, 1000, 5, &[("t", 0, 10), ("t", 1, 11)]);
     let txn2 = Marker::commit(g, 1000, 6, &[("t", 0, 20)]);
-    assert_eq!(txn1.send(&mut c).await, ErrorCode::None);
+    assert_eq!(txn1.send_in(&topology, &mut c).await, ErrorCode::None);
     assert_eq!(offsets(&mut c, g).await, (10, 11));
-    assert_eq!(txn2.send(&mut c).await, ErrorCode::None);
+    assert_eq!(txn2.send_in(&topology, &mut c).await, ErrorCode::None);
     assert_eq!(offsets(&mut c, g).await, (20, 11));
 
     // A late, delayed COMMIT of transaction 1 (and an ABORT older still): refused, nothing moves.
-    assert_eq!(txn1.send(&mut c).await, ErrorCode::InvalidProducerEpoch);
     assert_eq!(
-        Marker::abort(g, 1000, 4).send(&mut c).await,
+        txn1.send_in(&topology, &mut c).await,
+        ErrorCode::InvalidProducerEpoch
+    );
+    assert_eq!(
+        Marker::abort(g, 1000, 4).send_in(&topology, &mut c).await,
         ErrorCode::InvalidProducerEpoch
     );
     assert_eq!(offsets(&mut c, g).await, (20, 11));
@@ -112,76 +126,85 @@ async fn late_group_markers_never_move_offsets_backwards_even_after_a_restart() 
     // does not put t-0 back to 20.
     assert_eq!(
         Marker::commit(g, 2000, 0, &[("t", 0, 30)])
-            .send(&mut c)
+            .send_in(&topology, &mut c)
             .await,
         ErrorCode::None
     );
-    assert_eq!(txn2.send(&mut c).await, ErrorCode::None);
-    assert_eq!(txn2.send(&mut c).await, ErrorCode::None);
+    assert_eq!(txn2.send_in(&topology, &mut c).await, ErrorCode::None);
+    assert_eq!(txn2.send_in(&topology, &mut c).await, ErrorCode::None);
     assert_eq!(offsets(&mut c, g).await, (30, 11));
 
     // The sending coordinator restarts (generation 4); its older incarnation is fenced, even
     // for a PID the group has never seen.
     let newer = Marker::commit(g, 3000, 0, &[("t", 1, 40)]).from(7, 4);
     let zombie = Marker::commit(g, 4000, 0, &[("t", 1, 1)]).from(7, 3);
-    assert_eq!(newer.send(&mut c).await, ErrorCode::None);
+    assert_eq!(newer.send_in(&topology, &mut c).await, ErrorCode::None);
     assert_eq!(
-        zombie.send(&mut c).await,
+        zombie.send_in(&topology, &mut c).await,
         ErrorCode::TransactionCoordinatorFenced
     );
     assert_eq!(offsets(&mut c, g).await, (30, 40));
     // Generations are per sending coordinator: coordinator 8 at generation 1 is not fenced.
     assert_eq!(
-        Marker::abort(g, 4000, 0).from(8, 1).send(&mut c).await,
+        Marker::abort(g, 4000, 0)
+            .from(8, 1)
+            .send_in(&topology, &mut c)
+            .await,
         ErrorCode::None
     );
     // Fences are per group: the same late marker applies to a group that never saw PID 1000.
     let other = Marker {
-        group: "group-other".into(),
+        group: other_group.clone(),
         ..txn1.clone()
     };
-    assert_eq!(other.send(&mut c).await, ErrorCode::None);
-    assert_eq!(offsets(&mut c, "group-other").await, (10, 11));
+    assert_eq!(other.send_in(&topology, &mut c).await, ErrorCode::None);
+    assert_eq!(offsets(&mut c, &other_group).await, (10, 11));
 
     // Everything above is durable: after a restart, the same answers and the same offsets.
     cluster.restart(1).await;
     let mut c = cluster.client(1).await;
     assert_eq!(offsets(&mut c, g).await, (30, 40));
-    assert_eq!(txn1.send(&mut c).await, ErrorCode::InvalidProducerEpoch);
     assert_eq!(
-        zombie.send(&mut c).await,
+        txn1.send_in(&topology, &mut c).await,
+        ErrorCode::InvalidProducerEpoch
+    );
+    assert_eq!(
+        zombie.send_in(&topology, &mut c).await,
         ErrorCode::TransactionCoordinatorFenced
     );
     // Transaction 2's marker from the sender's old incarnation is now fenced; re-sent by the
     // restarted sender (as recovery of a Prepare* does), it is a repeat: NONE, nothing moves.
     assert_eq!(
-        txn2.send(&mut c).await,
+        txn2.send_in(&topology, &mut c).await,
         ErrorCode::TransactionCoordinatorFenced
     );
-    assert_eq!(txn2.clone().from(7, 4).send(&mut c).await, ErrorCode::None);
-    assert_eq!(newer.send(&mut c).await, ErrorCode::None);
+    assert_eq!(
+        txn2.clone().from(7, 4).send_in(&topology, &mut c).await,
+        ErrorCode::None
+    );
+    assert_eq!(newer.send_in(&topology, &mut c).await, ErrorCode::None);
     assert_eq!(
         Marker::commit(g, 4000, 0, &[("t", 1, 1)])
             .from(8, 1)
-            .send(&mut c)
+            .send_in(&topology, &mut c)
             .await,
         ErrorCode::None,
         "PID 4000's ABORT at epoch 0 was applied: the same epoch again is a repeat"
     );
     assert_eq!(offsets(&mut c, g).await, (30, 40));
-    assert_eq!(offsets(&mut c, "group-other").await, (10, 11));
+    assert_eq!(offsets(&mut c, &other_group).await, (10, 11));
 
     // Bad input: a typed error, nothing stored.
     assert_eq!(
         Marker::commit(g, 5000, 0, &[("t", 0, 0)])
             .from(7, -1)
-            .send(&mut c)
+            .send_in(&topology, &mut c)
             .await,
         ErrorCode::InvalidRequest
     );
     assert_eq!(
         Marker::commit(g, 5000, -1, &[("t", 0, 0)])
-            .send(&mut c)
+            .send_in(&topology, &mut c)
             .await,
         ErrorCode::InvalidRequest
     );
@@ -204,6 +227,7 @@ async fn commit_offset(t: &mut Txn, pe: (i64, i32), group: &str, offset: i64) ->
 async fn the_marker_writer_records_its_fence_so_its_own_late_marker_is_refused() {
     // The group lives on coordinator 2: the real writer's markers cross gRPC.
     let cluster = Cluster::start(2).await;
+    let topology = cluster.topology.clone();
     let id = cluster.id_owned_by(1, "txn-group-fence");
     let group = cluster.id_owned_by(2, "group");
     let mut t = Txn::new(cluster.client(1).await, &id);
@@ -217,16 +241,20 @@ async fn the_marker_writer_records_its_fence_so_its_own_late_marker_is_refused()
 
     // The first transaction's COMMIT marker, exactly as coordinator 1 sent it, arriving late.
     let late = Marker::commit(&group, first.0, first.1, &[("t", 0, 42)]).from(1, 1);
-    assert_eq!(late.send(&mut gc).await, ErrorCode::InvalidProducerEpoch);
+    assert_eq!(
+        late.send_in(&topology, &mut gc).await,
+        ErrorCode::InvalidProducerEpoch
+    );
     // The second one again: a no-op.
     let repeat = Marker::commit(&group, second.0, second.1, &[("t", 0, 50)]).from(1, 1);
-    assert_eq!(repeat.send(&mut gc).await, ErrorCode::None);
+    assert_eq!(repeat.send_in(&topology, &mut gc).await, ErrorCode::None);
     assert_eq!(offsets(&mut gc, &group).await.0, 50);
 }
 
 #[tokio::test]
 async fn a_group_refusing_as_fenced_stops_the_writer_without_completing() {
     let cluster = Cluster::start(2).await;
+    let topology = cluster.topology.clone();
     let id = cluster.id_owned_by(1, "txn-group-gen");
     let group = cluster.id_owned_by(2, "group");
     let mut t = Txn::new(cluster.client(1).await, &id);
@@ -235,7 +263,7 @@ async fn a_group_refusing_as_fenced_stops_the_writer_without_completing() {
     assert_eq!(
         Marker::abort(&group, 999_999, 0)
             .from(1, 100)
-            .send(&mut gc)
+            .send_in(&topology, &mut gc)
             .await,
         ErrorCode::None
     );
@@ -254,6 +282,7 @@ async fn a_group_refusing_as_fenced_stops_the_writer_without_completing() {
 #[tokio::test]
 async fn a_group_holding_a_newer_epoch_acknowledges_an_abort_but_never_completes_a_commit() {
     let cluster = Cluster::start(2).await;
+    let topology = cluster.topology.clone();
     let id = cluster.id_owned_by(1, "txn-group-epoch");
     let group = cluster.id_owned_by(2, "group");
     let mut t = Txn::new(cluster.client(1).await, &id);
@@ -264,7 +293,7 @@ async fn a_group_holding_a_newer_epoch_acknowledges_an_abort_but_never_completes
     assert_eq!(
         Marker::abort(&group, pe.0, i16::MAX.into())
             .from(9, 1)
-            .send(&mut gc)
+            .send_in(&topology, &mut gc)
             .await,
         ErrorCode::None
     );

@@ -269,19 +269,21 @@ async fn verify_transaction_over_grpc() {
     let pe = t.init().await;
     assert_eq!(t.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
     let c = cluster.client(1).await;
+    let topology = cluster.topology.clone();
     let verify = |pe: (i64, i32), p: i32| {
         let mut c = c.clone();
+        let topology = topology.clone();
         async move {
-            let r = c
-                .verify_transaction(proto::VerifyTransactionRequest {
-                    transactional_id: "txn-verify".into(),
-                    producer_id: pe.0,
-                    producer_epoch: pe.1,
-                    partition: Some(tp("t", p)),
-                })
-                .await
-                .unwrap()
-                .into_inner();
+            let mut request = proto::VerifyTransactionRequest {
+                transactional_id: "txn-verify".into(),
+                producer_id: pe.0,
+                producer_epoch: pe.1,
+                partition: Some(tp("t", p)),
+                auth: None,
+            };
+            // As leader 101 would send it.
+            testkit::auth::sign(&topology, 101, &mut request);
+            let r = c.verify_transaction(request).await.unwrap().into_inner();
             code(r.error_code)
         }
     };

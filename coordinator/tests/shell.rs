@@ -92,6 +92,7 @@ async fn serve_on(
     let addr = listener.local_addr().unwrap();
     let mut config =
         coordinator::CoordinatorConfig::new(1, "/nonexistent", cluster.topology.clone());
+    config.cluster_secret = Some(testkit::auth::secret());
     config.marker_retry_backoff = Duration::from_millis(10);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(coordinator::serve_with_storage(
@@ -172,6 +173,48 @@ async fn storage_failure_is_a_typed_error_and_changes_nothing() {
     storage.fail_writes.store(false, Ordering::SeqCst);
     assert_eq!(t.add(pe, vec![tp("t", 1)]).await, ErrorCode::None);
     assert_eq!(t.end(pe, true).await, (pe.0, pe.1 + 1));
+    t.wait_state(TxnState::CompleteCommit).await;
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// PROTOCOL.md section 4 step 6: the client's own KIP-360 recovery never fences it. The
+/// transaction is Ongoing, EndTxn(ABORT) fails on storage, the client bumps with expected =
+/// its current (PID, epoch) as producer-client does, retries CONCURRENT_TRANSACTIONS, and
+/// carries on: its next transaction commits.
+#[tokio::test]
+async fn a_kip360_recovery_after_a_failed_abort_never_fences_the_only_instance() {
+    let cluster = Cluster::start(1).await;
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    let (client, stop, task) = serve_on(&cluster, storage.clone()).await;
+    let mut t = Txn::new(client.clone(), "txn-self-fence");
+    let pe = t.init().await;
+    assert_eq!(t.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
+    storage.fail_writes.store(true, Ordering::SeqCst);
+    let r = t.end_raw(pe, false).await;
+    assert_eq!(code(r.error_code), ErrorCode::KafkaStorageError);
+    storage.fail_writes.store(false, Ordering::SeqCst);
+    // The KIP-360 bump: expected = current, retried while the abort's markers are out.
+    let recovered = eventually("the KIP-360 bump", || {
+        let mut t = Txn::new(client.clone(), "txn-self-fence");
+        async move {
+            let r = t.init_raw(60_000, pe).await;
+            match code(r.error_code) {
+                ErrorCode::ConcurrentTransactions => None,
+                other => Some((other, r.producer_id, r.producer_epoch)),
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        recovered,
+        (ErrorCode::None, pe.0, pe.1 + 1),
+        "never PRODUCER_FENCED"
+    );
+    let recovered = (recovered.1, recovered.2);
+    assert_eq!(t.add(recovered, vec![tp("t", 1)]).await, ErrorCode::None);
+    assert_eq!(t.end(recovered, true).await, (pe.0, pe.1 + 2));
     t.wait_state(TxnState::CompleteCommit).await;
     let _ = stop.send(());
     task.await.unwrap().unwrap();

@@ -117,6 +117,8 @@ struct NodeSlot {
     address: SocketAddr,
     data_dir: PathBuf,
     running: Option<Running>,
+    /// A topology this node runs instead of the cluster's (a misconfiguration, for tests).
+    topology: Option<Arc<Topology>>,
 }
 
 /// An in-process cluster. Dropping it stops every node (without waiting); call
@@ -128,6 +130,8 @@ pub struct EmbeddedCluster {
     topology: Arc<Topology>,
     topology_path: PathBuf,
     nodes: BTreeMap<NodeId, NodeSlot>,
+    /// The secret every node of this cluster signs and checks internal requests with.
+    secret: cluster::auth::ClusterSecret,
 }
 
 impl std::fmt::Debug for EmbeddedCluster {
@@ -173,6 +177,7 @@ impl EmbeddedCluster {
             topology: Arc::new(topology),
             topology_path,
             nodes: BTreeMap::new(),
+            secret: cluster::auth::ClusterSecret::generate(),
         };
 
         // 3. Start every node on its listener.
@@ -187,6 +192,7 @@ impl EmbeddedCluster {
                     address,
                     data_dir,
                     running: None,
+                    topology: None,
                 },
             );
             cluster.spawn(id, listener)?;
@@ -196,12 +202,13 @@ impl EmbeddedCluster {
     }
 
     fn spawn(&mut self, id: NodeId, listener: TcpListener) -> Result<(), EmbeddedError> {
-        let topology = self.topology.clone();
         let options = self.options.clone();
+        let secret = self.secret.clone();
         let slot = self
             .nodes
             .get_mut(&id)
             .ok_or(EmbeddedError::UnknownNode(id))?;
+        let topology = slot.topology.clone().unwrap_or(self.topology.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = rx.await;
@@ -213,6 +220,8 @@ impl EmbeddedCluster {
                 config.timeout_scan_interval = options.timeout_scan_interval;
                 config.marker_retry_backoff = options.marker_retry_backoff;
                 config.max_transaction_timeout_ms = options.max_transaction_timeout_ms;
+                config.cluster_secret = Some(secret);
+                config.peer_check_interval = Duration::from_millis(200);
                 tokio::spawn(async move {
                     coordinator::serve(config, listener, shutdown)
                         .await
@@ -222,6 +231,7 @@ impl EmbeddedCluster {
             Role::Leader => {
                 let mut config = partition_leader::LeaderConfig::new(id, data_dir, topology);
                 config.unsafe_skip_epoch_check = options.unsafe_skip_epoch_check;
+                config.cluster_secret = Some(secret);
                 tokio::spawn(async move {
                     partition_leader::serve(config, listener, shutdown)
                         .await
@@ -378,6 +388,26 @@ impl EmbeddedCluster {
         self.spawn(id, listener)?;
         tracing::info!(node = id, %address, "node restarted");
         Ok(())
+    }
+
+    /// Restarts (killed) node `id` with `topology` instead of the cluster's: a node started with
+    /// another topology file, for showing what the nodes do about it.
+    pub async fn restart_with_topology(
+        &mut self,
+        id: NodeId,
+        topology: Topology,
+    ) -> Result<(), EmbeddedError> {
+        let slot = self
+            .nodes
+            .get_mut(&id)
+            .ok_or(EmbeddedError::UnknownNode(id))?;
+        slot.topology = Some(Arc::new(topology));
+        self.restart(id).await
+    }
+
+    /// The cluster secret every node was started with (tests sign internal requests with it).
+    pub fn cluster_secret(&self) -> &cluster::auth::ClusterSecret {
+        &self.secret
     }
 
     /// Kills then restarts node `id`.

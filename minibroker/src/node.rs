@@ -39,6 +39,9 @@ pub struct NodeArgs {
     /// Coordinators: how often to look for timed-out transactions, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub timeout_scan_interval_ms: u64,
+    /// File holding the cluster secret (the same on every node).
+    #[arg(long, env = "CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
     /// DANGER, leaders only: skip the epoch check (for showing that the checkers catch it).
     #[arg(long, hide = true)]
     pub unsafe_skip_epoch_check: bool,
@@ -53,6 +56,15 @@ pub async fn run(
         Topology::load(&args.topology)
             .with_context(|| format!("loading topology {}", args.topology.display()))?,
     );
+    let secret =
+        cluster::auth::ClusterSecret::from_sources(args.cluster_secret_file.as_deref(), None)?;
+    // Refuse before binding when another process holds the data directory.
+    cluster::node::wait_until_unlocked(&args.data_dir, Duration::ZERO).with_context(|| {
+        format!(
+            "data directory {} is in use by another process",
+            args.data_dir.display()
+        )
+    })?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -62,12 +74,14 @@ pub async fn run(
                 coordinator::CoordinatorConfig::new(args.node_id, args.data_dir, topology);
             config.timeout_scan_interval =
                 Duration::from_millis(args.timeout_scan_interval_ms.max(1));
+            config.cluster_secret = Some(secret);
             coordinator::serve(config, listener, shutdown).await?;
         }
         NodeRole::Leader => {
             let mut config =
                 partition_leader::LeaderConfig::new(args.node_id, args.data_dir, topology);
             config.unsafe_skip_epoch_check = args.unsafe_skip_epoch_check;
+            config.cluster_secret = Some(secret);
             partition_leader::serve(config, listener, shutdown).await?;
         }
     }

@@ -280,20 +280,17 @@ async fn main() {
     let grpc_topology = topology(&caddr.to_string(), &laddr.to_string());
     let (stop_tx, stop_rx) = watch::channel(false);
     let (mut rx1, mut rx2) = (stop_rx.clone(), stop_rx);
-    let coordinator = tokio::spawn(coordinator::serve(
-        coordinator::CoordinatorConfig::new(1, dirs[2].path(), grpc_topology.clone()),
-        cl,
-        async move {
-            let _ = rx1.changed().await;
-        },
-    ));
-    let leader = tokio::spawn(partition_leader::serve(
-        LeaderConfig::new(101, dirs[3].path(), grpc_topology),
-        ll,
-        async move {
-            let _ = rx2.changed().await;
-        },
-    ));
+    let mut coordinator_config =
+        coordinator::CoordinatorConfig::new(1, dirs[2].path(), grpc_topology.clone());
+    coordinator_config.cluster_secret = Some(testkit::auth::secret());
+    let mut leader_config = LeaderConfig::new(101, dirs[3].path(), grpc_topology);
+    leader_config.cluster_secret = Some(testkit::auth::secret());
+    let coordinator = tokio::spawn(coordinator::serve(coordinator_config, cl, async move {
+        let _ = rx1.changed().await;
+    }));
+    let leader = tokio::spawn(partition_leader::serve(leader_config, ll, async move {
+        let _ = rx2.changed().await;
+    }));
     let endpoint = |a: std::net::SocketAddr| {
         tonic::transport::Endpoint::from_shared(format!("http://{a}"))
             .unwrap()

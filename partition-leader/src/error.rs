@@ -64,6 +64,10 @@ pub enum Error {
     /// The gRPC server failed.
     #[error("transport error: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// An internal request (WriteTxnMarkers) not from the cluster member allowed to send it, or
+    /// from a node of another topology ([`cluster::auth`]). Nothing was changed.
+    #[error(transparent)]
+    Membership(#[from] cluster::auth::AuthError),
 }
 
 impl Error {
@@ -87,6 +91,7 @@ impl Error {
             Error::CoordinatorNotAvailable(_) => ErrorCode::CoordinatorNotAvailable,
             Error::OffsetOutOfRange(_) => ErrorCode::OffsetOutOfRange,
             Error::Storage(_) => ErrorCode::KafkaStorageError,
+            Error::Membership(e) => e.code(),
             Error::Internal(_) | Error::Transport(_) => ErrorCode::UnknownServerError,
         }
     }
@@ -120,6 +125,7 @@ impl Error {
             | Error::Storage(d)
             | Error::Internal(d) => d.clone(),
             Error::Transport(e) => e.to_string(),
+            Error::Membership(e) => e.to_string(),
         }
     }
 }

@@ -35,6 +35,12 @@ struct Args {
     /// DANGER: do not fence older epochs at this leader (demonstrates that the checker catches it).
     #[arg(long, env = "UNSAFE_SKIP_EPOCH_CHECK", hide = true)]
     unsafe_skip_epoch_check: bool,
+    /// File holding the cluster secret (the same on every node; see docs/PROTOCOL.md section 12).
+    #[arg(long, env = "CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
+    /// The cluster secret itself (prefer the file: a flag shows in `ps`).
+    #[arg(long, env = "CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
 }
 
 #[tokio::main]
@@ -54,6 +60,19 @@ async fn main() -> anyhow::Result<()> {
     config.max_batch_bytes = args.max_batch_bytes;
     config.max_record_bytes = args.max_record_bytes;
     config.unsafe_skip_epoch_check = args.unsafe_skip_epoch_check;
+    config.cluster_secret = Some(cluster::auth::ClusterSecret::from_sources(
+        args.cluster_secret_file.as_deref(),
+        args.cluster_secret.as_deref(),
+    )?);
+    // Refuse before binding when another process holds this data directory.
+    cluster::node::wait_until_unlocked(&config.data_dir, std::time::Duration::ZERO).with_context(
+        || {
+            format!(
+                "data directory {} is in use by another process",
+                config.data_dir.display()
+            )
+        },
+    )?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

@@ -70,6 +70,7 @@ pub fn verification_result(code: ErrorCode, message: String) -> Result<()> {
 pub struct GrpcVerifier {
     topology: Arc<Topology>,
     timeout: Duration,
+    credentials: Option<cluster::auth::Credentials>,
     clients: Mutex<HashMap<String, TransactionCoordinatorClient<Channel>>>,
 }
 
@@ -79,8 +80,16 @@ impl GrpcVerifier {
         Self {
             topology,
             timeout,
+            credentials: None,
             clients: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Signs every VerifyTransaction with `credentials` ([`cluster::auth`]); without them the
+    /// requests go unsigned and every coordinator refuses them.
+    pub fn with_credentials(mut self, credentials: Option<cluster::auth::Credentials>) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     fn client(&self, address: &str) -> Result<TransactionCoordinatorClient<Channel>> {
@@ -115,12 +124,16 @@ impl TxnVerifier for GrpcVerifier {
     ) -> Result<()> {
         let coordinator = self.topology.coordinator_for(transactional_id);
         let mut client = self.client(&coordinator.address)?;
-        let request = VerifyTransactionRequest {
+        let mut request = VerifyTransactionRequest {
             transactional_id: transactional_id.to_string(),
             producer_id,
             producer_epoch: producer_epoch as i32,
             partition: Some(partition.clone().into()),
+            auth: None,
         };
+        if let Some(credentials) = &self.credentials {
+            cluster::auth::sign(credentials, &mut request, cluster::node::now_ms());
+        }
         let call = client.verify_transaction(request);
         let response = match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(response)) => response.into_inner(),

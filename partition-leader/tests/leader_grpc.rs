@@ -52,11 +52,11 @@ async fn abort_markers_fence_the_old_epoch_at_the_leader_even_where_nothing_was_
     // The new instance's InitProducerId bumped to epoch 1; the coordinator aborts at both
     // partitions of the old transaction (t-1 was added but never written).
     assert_eq!(
-        markers(&mut l0, 10, 1, false, 1, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 10, 1, false, 1, &[0]).await,
         vec![ErrorCode::None]
     );
     assert_eq!(
-        markers(&mut l1, 10, 1, false, 1, &[1]).await,
+        markers(&c.leaders[0].topology, &mut l1, 10, 1, false, 1, &[1]).await,
         vec![ErrorCode::None]
     );
 
@@ -95,7 +95,7 @@ async fn a_late_produce_from_a_finished_transaction_does_not_open_a_new_one() {
     // EndTxn(COMMIT) at epoch 0 -> epoch 1, markers with epoch 1; the next transaction is empty.
     c.coordinator.set("txn-b", 20, 1, &[]);
     assert_eq!(
-        markers(&mut l0, 20, 1, true, 1, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 20, 1, true, 1, &[0]).await,
         vec![ErrorCode::None]
     );
     // A delayed retry of the finished transaction's next batch, here and on a partition the
@@ -133,7 +133,7 @@ async fn read_committed_never_sees_open_or_aborted_records() {
     );
     // A read_committed long poll is released when b commits... but a is still open at 0.
     assert_eq!(
-        markers(&mut l0, 2, 1, true, 1, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 2, 1, true, 1, &[0]).await,
         vec![ErrorCode::None]
     ); // 5
     assert!(fetch(&mut l0, 0, 0, true).await.records.is_empty());
@@ -153,7 +153,7 @@ async fn read_committed_never_sees_open_or_aborted_records() {
             .into_inner()
     });
     assert_eq!(
-        markers(&mut l0, 1, 1, false, 1, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 1, 1, false, 1, &[0]).await,
         vec![ErrorCode::None]
     ); // 6
     let polled = tokio::time::timeout(Duration::from_secs(10), poll)
@@ -184,7 +184,7 @@ async fn restarts_between_produce_and_marker_and_between_marker_and_fetch_change
     produce(&mut l0, 0, batch(3, 0, 0, &["i1"], None)).await;
     produce(&mut l0, 0, batch(2, 0, 1, &["b2"], Some("b"))).await;
     assert_eq!(
-        markers(&mut l0, 2, 1, true, 1, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 2, 1, true, 1, &[0]).await,
         vec![ErrorCode::None]
     );
 
@@ -200,14 +200,14 @@ async fn restarts_between_produce_and_marker_and_between_marker_and_fetch_change
 
     // The marker arrives after the restart; then restart between marker and fetch.
     assert_eq!(
-        markers(&mut l0, 1, 1, false, 1, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 1, 1, false, 1, &[0]).await,
         vec![ErrorCode::None]
     );
     let before = snapshot(&mut l0, 0).await;
     assert_eq!(values(&before.1), vec!["b1", "i1", "b2"]);
     let mut l1 = c.leaders[1].client();
     assert_eq!(
-        markers(&mut l1, 1, 1, false, 1, &[1]).await,
+        markers(&c.leaders[0].topology, &mut l1, 1, 1, false, 1, &[1]).await,
         vec![ErrorCode::None]
     );
     let before1 = snapshot(&mut l1, 1).await;
@@ -224,13 +224,13 @@ async fn restarts_between_produce_and_marker_and_between_marker_and_fetch_change
     let r = produce(&mut l1, 1, batch(1, 0, 0, &["zombie"], Some("a"))).await;
     assert_eq!(code(r.error_code), ErrorCode::InvalidProducerEpoch);
     assert_eq!(
-        markers(&mut l0, 1, 1, false, 1, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 1, 1, false, 1, &[0]).await,
         vec![ErrorCode::None]
     );
     assert_eq!(snapshot(&mut l0, 0).await, before);
     // An older coordinator generation is fenced.
     assert_eq!(
-        markers(&mut l0, 1, 2, false, 0, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 1, 2, false, 0, &[0]).await,
         vec![ErrorCode::TransactionCoordinatorFenced]
     );
     for leader in &mut c.leaders {
@@ -326,22 +326,22 @@ async fn bad_input_gets_typed_errors_and_stores_nothing() {
     }
     // Markers: bad fields, unknown partitions; a marker for an unknown PID appends nothing.
     assert_eq!(
-        markers(&mut l0, -5, 1, true, 1, &[0, 3]).await,
+        markers(&c.leaders[0].topology, &mut l0, -5, 1, true, 1, &[0, 3]).await,
         vec![
             ErrorCode::InvalidRequest,
             ErrorCode::UnknownTopicOrPartition
         ]
     );
     assert_eq!(
-        markers(&mut l0, 5, 99_999, true, 1, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 5, 99_999, true, 1, &[0]).await,
         vec![ErrorCode::InvalidRequest]
     );
     assert_eq!(
-        markers(&mut l0, 5, 1, true, -1, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 5, 1, true, -1, &[0]).await,
         vec![ErrorCode::InvalidRequest]
     );
     assert_eq!(
-        markers(&mut l0, 77, 3, false, 1, &[0]).await,
+        markers(&c.leaders[0].topology, &mut l0, 77, 3, false, 1, &[0]).await,
         vec![ErrorCode::None]
     );
     // Fetch: bad offsets and fields.
@@ -403,7 +403,7 @@ async fn unsafe_skip_epoch_check_lets_a_zombie_through() {
     let mut l0 = leader.client();
     produce(&mut l0, 0, batch(5, 0, 0, &["z1"], Some("z"))).await;
     assert_eq!(
-        markers(&mut l0, 5, 1, false, 1, &[0]).await,
+        markers(&leader.topology, &mut l0, 5, 1, false, 1, &[0]).await,
         vec![ErrorCode::None]
     );
     let r = produce(&mut l0, 0, batch(5, 0, 1, &["zombie"], Some("z"))).await;

@@ -52,6 +52,7 @@ fn config() -> LeaderConfig {
     );
     config.max_batch_bytes = 4096;
     config.max_record_bytes = 1024;
+    config.cluster_secret = Some(testkit::auth::secret());
     config
 }
 
@@ -115,10 +116,10 @@ async fn markers(
     commit: bool,
     partitions: &[(&str, i32)],
 ) -> Vec<ErrorCode> {
+    let mut request = requests::markers(pid, epoch, commit, 1, partitions);
+    testkit::auth::sign_marker(&Topology::parse(TOPOLOGY).unwrap(), &mut request);
     h.service
-        .write_txn_markers(Request::new(requests::markers(
-            pid, epoch, commit, 1, partitions,
-        )))
+        .write_txn_markers(Request::new(request))
         .await
         .map(|r| requests::marker_codes(r.into_inner()))
         .unwrap()
@@ -424,19 +425,23 @@ async fn bad_markers_and_batches_store_nothing() {
             vec![ErrorCode::InvalidRequest]
         );
     }
+    let mut request = WriteTxnMarkersRequest {
+        producer_id: 1,
+        producer_epoch: 1,
+        result: 7,
+        coordinator_id: 1,
+        coordinator_generation: 1,
+        partitions: vec![proto::TopicPartition {
+            topic: "t".into(),
+            partition: 0,
+        }],
+        transactional_id: String::new(),
+        auth: None,
+    };
+    testkit::auth::sign_marker(&Topology::parse(TOPOLOGY).unwrap(), &mut request);
     let r = h
         .service
-        .write_txn_markers(Request::new(WriteTxnMarkersRequest {
-            producer_id: 1,
-            producer_epoch: 1,
-            result: 7,
-            coordinator_id: 1,
-            coordinator_generation: 1,
-            partitions: vec![proto::TopicPartition {
-                topic: "t".into(),
-                partition: 0,
-            }],
-        }))
+        .write_txn_markers(Request::new(request))
         .await
         .unwrap()
         .into_inner();

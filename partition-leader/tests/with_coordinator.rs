@@ -34,6 +34,7 @@ async fn cluster() -> Cluster {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let mut config = CoordinatorConfig::new(1, dirs[2].path(), topology.clone());
     config.marker_retry_backoff = Duration::from_millis(20);
+    config.cluster_secret = Some(testkit::auth::secret());
     config.timeout_scan_interval = Duration::from_millis(100);
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(coordinator::serve(

@@ -19,6 +19,7 @@
 //! script, touch the test file or run `cargo test` after any change to that crate. The fakes
 //! implement only what the tests use; every other RPC answers `unimplemented`.
 
+pub mod auth;
 pub mod fakes;
 pub mod golden;
 pub mod poll;

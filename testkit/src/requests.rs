@@ -63,6 +63,8 @@ pub fn markers(
         result: txn_result(commit),
         coordinator_id: 1,
         coordinator_generation: generation,
+        transactional_id: String::new(),
+        auth: None,
         partitions: partitions
             .iter()
             .map(|(topic, partition)| proto::TopicPartition {

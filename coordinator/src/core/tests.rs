@@ -318,15 +318,6 @@ fn init_in_ongoing_fences_and_aborts_with_the_new_epoch() {
 }
 
 #[test]
-fn init_in_ongoing_with_expected_current_still_fences() {
-    let (mut w, id) = World::ongoing();
-    assert_eq!(code(&w.init(Some(id))), "CONCURRENT_TRANSACTIONS");
-    assert_eq!(w.meta().last_epoch, -1);
-    w.complete();
-    assert_eq!(code(&w.init(Some(id))), "PRODUCER_FENCED");
-}
-
-#[test]
 fn init_with_expected_current_bumps_and_remembers_last_epoch() {
     for state in [
         TxnState::Empty,
@@ -357,6 +348,58 @@ fn init_with_expected_last_epoch_in_ongoing_answers_current() {
     assert_eq!(out.reply, Ok(bumped));
     assert!(out.persist.is_none());
     assert_eq!(w.state(), TxnState::Ongoing);
+}
+
+#[test]
+fn kip360_recovery_in_ongoing_never_fences_its_own_instance() {
+    // Section 4 step 6: the current instance bumps with expected == current (e.g. after its
+    // EndTxn(ABORT) failed on storage); the open transaction is aborted and the instance lives.
+    let (mut w, id) = World::ongoing();
+    assert_eq!(code(&w.init(Some(id))), "CONCURRENT_TRANSACTIONS");
+    assert_eq!(w.state(), TxnState::PrepareAbort);
+    assert_eq!(w.meta().last_epoch, id.epoch);
+    // Its retry while the markers are out is still CONCURRENT_TRANSACTIONS, never fenced.
+    assert_eq!(code(&w.init(Some(id))), "CONCURRENT_TRANSACTIONS");
+    w.complete();
+    let recovered = w.init(Some(id)).reply.unwrap();
+    assert_eq!(recovered, pe(id.producer_id, id.epoch + 1));
+    // And its next transaction commits.
+    w.add(recovered, &[0]).reply.unwrap();
+    let next = w.end(recovered, TxnResult::Commit).reply.unwrap();
+    assert_eq!(next, pe(id.producer_id, id.epoch + 2));
+    w.complete();
+    assert_eq!(w.state(), TxnState::CompleteCommit);
+}
+
+#[test]
+fn a_new_instance_in_ongoing_fences_the_old_one_for_good() {
+    let (mut w, id) = World::ongoing();
+    assert_eq!(code(&w.init(None)), "CONCURRENT_TRANSACTIONS");
+    assert_eq!(w.meta().last_epoch, NO_PRODUCER_EPOCH);
+    w.complete();
+    let new = w.init(None).reply.unwrap();
+    assert!(new.epoch > id.epoch);
+    // The old instance cannot reclaim the id through the KIP-360 path.
+    assert_eq!(code(&w.init(Some(id))), "PRODUCER_FENCED");
+}
+
+#[test]
+fn end_txn_at_the_bumped_epoch_during_prepare_is_concurrent_not_fenced() {
+    // Section 6: the client that already got EndTxn's reply (and the bumped epoch) and starts
+    // early while the markers are out gets CONCURRENT_TRANSACTIONS (Kafka: PRODUCER_FENCED).
+    for result in [TxnResult::Commit, TxnResult::Abort] {
+        let (mut w, id) = World::ongoing();
+        let bumped = w.end(id, result).reply.unwrap();
+        assert!(w.state().is_prepare());
+        for again in [TxnResult::Commit, TxnResult::Abort] {
+            let before = w.meta.clone();
+            assert_eq!(code(&w.end(bumped, again)), "CONCURRENT_TRANSACTIONS");
+            assert_eq!(w.meta, before);
+        }
+        assert_eq!(code(&w.add(bumped, &[1])), "CONCURRENT_TRANSACTIONS");
+        w.complete();
+        w.add(bumped, &[1]).reply.unwrap();
+    }
 }
 
 #[test]

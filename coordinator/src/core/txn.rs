@@ -104,13 +104,16 @@ pub fn init_producer_id(
         }
     }
     match meta.state {
-        // Step 6: fence the open transaction of an older instance.
+        // Step 6: abort the open transaction. A new instance (no expected pair) fences the old
+        // one for good (`last_epoch` -1); the current instance recovering (KIP-360, expected ==
+        // current) keeps `last_epoch` = its epoch, so its retry is recognised by step 5 and it
+        // carries on: recovering never fences the only instance there is.
         TxnState::Ongoing => {
-            match meta.bump_prepare(TxnResult::Abort, NO_PRODUCER_EPOCH, fresh_pid, now_ms) {
+            match meta.bump_prepare(TxnResult::Abort, last_epoch, fresh_pid, now_ms) {
                 Err(e) => Outcome::reject(e),
                 Ok(next) => {
                     let reply = Err(TxnError::ConcurrentTransactions(format!(
-                        "{id}: fencing the open transaction of {}; retry",
+                        "{id}: aborting the open transaction of {}; retry",
                         meta.client_identity()
                     )));
                     Outcome::write(next, reply)

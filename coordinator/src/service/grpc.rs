@@ -200,7 +200,13 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::VerifyTransactionRequest>,
     ) -> Result<Response<proto::VerifyTransactionResponse>, Status> {
         debug!("VerifyTransaction");
-        let result = match wire::verify_transaction(request.into_inner()) {
+        let request = request.into_inner();
+        let result = match self
+            .shared
+            .authenticate(&request)
+            .and_then(|sender| self.shared.check_leader(sender))
+            .and_then(|()| wire::verify_transaction(request))
+        {
             Ok((caller, partition)) => self.shared.verify_transaction(caller, partition).await,
             Err(e) => Err(e),
         };
@@ -217,7 +223,12 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::WriteGroupOffsetMarkerRequest>,
     ) -> Result<Response<proto::WriteGroupOffsetMarkerResponse>, Status> {
         debug!("WriteGroupOffsetMarker");
-        let result = match wire::group_marker(request.into_inner()) {
+        let request = request.into_inner();
+        let sender = self.shared.authenticate(&request).and_then(|sender| {
+            let (claimed, id) = (request.coordinator_id, &request.transactional_id);
+            self.shared.check_marker_sender(sender, claimed, id)
+        });
+        let result = match sender.and_then(|()| wire::group_marker(request)) {
             Ok(marker) => self.shared.write_group_marker(marker).await,
             Err(e) => Err(e),
         };

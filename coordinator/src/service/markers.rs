@@ -45,7 +45,7 @@ impl Shared {
         self.spawn(async move { shared.write_markers(job).await });
     }
 
-    fn channel(&self, address: &str) -> Result<Channel, String> {
+    pub(super) fn channel(&self, address: &str) -> Result<Channel, String> {
         let mut channels = lock(&self.channels);
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
@@ -192,14 +192,17 @@ impl Shared {
         address: &str,
         partitions: Vec<TopicPartition>,
     ) -> Answers<TopicPartition> {
-        let request = proto::WriteTxnMarkersRequest {
+        let mut request = proto::WriteTxnMarkersRequest {
             producer_id: job.identity.producer_id,
             producer_epoch: i32::from(job.identity.epoch),
             result: wire::result(job.result) as i32,
             coordinator_id: self.node_id,
             coordinator_generation: self.generation(),
             partitions: partitions.iter().cloned().map(Into::into).collect(),
+            transactional_id: job.transactional_id.clone(),
+            auth: None,
         };
+        self.sign(&mut request);
         let reply = match self.channel(address) {
             Err(e) => Err(e),
             Ok(channel) => PartitionLeaderClient::new(channel)
@@ -265,7 +268,8 @@ impl Shared {
                 let (code, message) = code_of(&self.write_group_marker(marker).await);
                 Ok((ErrorCode::from_wire(code), message))
             } else {
-                self.write_group_marker_remote(node, marker).await
+                self.write_group_marker_remote(node, &job.transactional_id, marker)
+                    .await
             };
             // A reply that stops the writer ends the round: the rest are not sent.
             let stop = matches!(&answer, Ok((code, _)) if core::marker_reply(job.result, *code) == MarkerReply::Stop);
@@ -282,6 +286,7 @@ impl Shared {
     async fn write_group_marker_remote(
         &self,
         node: NodeId,
+        transactional_id: &str,
         marker: GroupMarker,
     ) -> Result<(ErrorCode, String), String> {
         let address = self
@@ -289,8 +294,10 @@ impl Shared {
             .coordinator(node)
             .map(|n| n.address.clone())
             .ok_or_else(|| format!("coordinator {node} is not in the topology"))?;
+        let mut request = wire::group_marker_request(marker, transactional_id);
+        self.sign(&mut request);
         let reply = TransactionCoordinatorClient::new(self.channel(&address)?)
-            .write_group_offset_marker(wire::group_marker_request(marker))
+            .write_group_offset_marker(request)
             .await
             .map_err(|s| s.to_string())?
             .into_inner();

@@ -17,6 +17,8 @@
 //!   means ([`crate::core::marker_reply`]), and completes the transaction.
 //! - `groups`: the receiving side of group markers and OffsetFetch: the only room that writes
 //!   `__consumer_offsets` and `__group_marker_state`.
+//! - `membership`: signing the internal requests this node sends, authenticating the ones it
+//!   receives ([`cluster::auth`]), and the topology agreement with its peers; touches no storage.
 //!
 //! Serialisation: one `tokio::sync::Mutex` per transactional id (a map of them behind a std
 //! `Mutex` that is never held across `.await`). Holding the per-id lock across the sled write is
@@ -71,6 +73,7 @@
 mod groups;
 mod grpc;
 mod markers;
+mod membership;
 mod state;
 mod wire;
 
@@ -79,6 +82,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cluster::auth::{ClusterSecret, Credentials};
 use cluster::node::{self, lock};
 use cluster::{ClusterService, NodeId, Topology};
 use proto::transaction_coordinator_server::TransactionCoordinatorServer;
@@ -109,6 +113,11 @@ pub struct CoordinatorConfig {
     pub marker_retry_backoff: Duration,
     /// Largest transaction timeout accepted (default [`cluster::MAX_TRANSACTION_TIMEOUT_MS`]).
     pub max_transaction_timeout_ms: i32,
+    /// The cluster secret internal requests are signed and checked with ([`cluster::auth`]).
+    /// `None` (the default): this node's internal APIs refuse every caller.
+    pub cluster_secret: Option<ClusterSecret>,
+    /// How often the peers' topology fingerprints are checked (default 1s).
+    pub peer_check_interval: Duration,
 }
 
 impl CoordinatorConfig {
@@ -125,6 +134,8 @@ impl CoordinatorConfig {
             timeout_scan_interval: Duration::from_secs(1),
             marker_retry_backoff: Duration::from_millis(100),
             max_transaction_timeout_ms: cluster::MAX_TRANSACTION_TIMEOUT_MS,
+            cluster_secret: None,
+            peer_check_interval: Duration::from_secs(1),
         }
     }
 
@@ -177,7 +188,16 @@ pub async fn serve_with_storage(
     let topology = config.topology.clone();
     let index = config.coordinator_index()?;
     let (stop, _) = watch::channel(false);
+    let fingerprint = topology.fingerprint();
+    let credentials = config.cluster_secret.clone().map(|secret| Credentials {
+        secret,
+        node_id: config.node_id,
+        fingerprint: fingerprint.clone(),
+    });
     let shared = Arc::new(Shared {
+        credentials,
+        fingerprint,
+        peers: Mutex::new(membership::PeerView::Unchecked),
         node_id: config.node_id,
         coordinator_index: index,
         topology: topology.clone(),
@@ -209,6 +229,8 @@ pub async fn serve_with_storage(
             let _ = server_stop.wait_for(|stopped| *stopped).await;
         });
     let server = tokio::spawn(server);
+    let peers = shared.clone();
+    shared.spawn(async move { peers.check_peers().await });
 
     let loaded = shared.load().await;
     if let Err(e) = &loaded {
@@ -239,6 +261,12 @@ type Slot = Arc<tokio::sync::Mutex<Option<TxnMetadata>>>;
 /// State shared by the gRPC handlers and the background tasks.
 struct Shared {
     node_id: NodeId,
+    /// What internal requests are signed and checked with (`None`: no secret configured).
+    credentials: Option<Credentials>,
+    /// This node's topology fingerprint.
+    fingerprint: String,
+    /// The peers' topologies as last checked (`membership`).
+    peers: Mutex<membership::PeerView>,
     coordinator_index: usize,
     topology: Arc<Topology>,
     config: CoordinatorConfig,

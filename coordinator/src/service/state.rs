@@ -57,12 +57,14 @@ impl Shared {
         map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
-    /// NOT_COORDINATOR unless this node owns `key`; then COORDINATOR_LOAD_IN_PROGRESS until loaded.
+    /// NOT_COORDINATOR unless this node owns `key`; then COORDINATOR_LOAD_IN_PROGRESS until loaded
+    /// and COORDINATOR_NOT_AVAILABLE while a peer runs another topology (`membership`).
     pub(super) fn check_owner(&self, key: &str) -> Result<(), Error> {
         if self.topology.coordinator_for(key).id != self.node_id {
             return Err(Error::NotCoordinator(key.to_string()));
         }
-        self.check_loaded()
+        self.check_loaded()?;
+        self.check_agreement()
     }
 
     fn check_loaded(&self) -> Result<(), Error> {

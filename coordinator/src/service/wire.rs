@@ -232,8 +232,13 @@ pub(super) fn offsets(offsets: &PendingOffsets) -> Vec<proto::PartitionOffset> {
 }
 
 /// A group marker on the wire (to the group's coordinator).
-pub(super) fn group_marker_request(marker: GroupMarker) -> proto::WriteGroupOffsetMarkerRequest {
+pub(super) fn group_marker_request(
+    marker: GroupMarker,
+    transactional_id: &str,
+) -> proto::WriteGroupOffsetMarkerRequest {
     proto::WriteGroupOffsetMarkerRequest {
+        transactional_id: transactional_id.to_string(),
+        auth: None,
         offsets: offsets(&marker.offsets),
         group_id: marker.group_id,
         producer_id: marker.producer_id,

@@ -49,6 +49,16 @@ impl Cluster {
     }
 
     pub async fn start_with(coordinators: usize, tune: fn(&mut CoordinatorConfig)) -> Self {
+        Self::start_with_ghosts(coordinators, &[], tune).await
+    }
+
+    /// Like [`Cluster::start_with`], with `ghosts`: coordinators that are in the topology but not
+    /// started (at an address nothing listens on), so a test can send what they would send.
+    pub async fn start_with_ghosts(
+        coordinators: usize,
+        ghosts: &[NodeId],
+        tune: fn(&mut CoordinatorConfig),
+    ) -> Self {
         let dirs = tempfile::tempdir().unwrap();
         let mut listeners = Vec::new();
         for _ in 0..coordinators {
@@ -74,6 +84,9 @@ impl Cluster {
                 i + 1,
                 l.local_addr().unwrap()
             );
+        }
+        for ghost in ghosts {
+            toml += &format!("[[coordinators]]\nid = {ghost}\naddress = \"127.0.0.1:1\"\n");
         }
         for (i, addr) in leader_addrs.iter().enumerate() {
             toml += &format!("[[leaders]]\nid = {}\naddress = \"{addr}\"\n", 101 + i);
@@ -107,6 +120,7 @@ impl Cluster {
 
     fn launch(&self, c: &mut Coordinator, listener: TcpListener) {
         let mut config = CoordinatorConfig::new(c.id, c.dir.clone(), self.topology.clone());
+        config.cluster_secret = Some(testkit::auth::secret());
         config.timeout_scan_interval = Duration::from_millis(20);
         config.marker_retry_backoff = Duration::from_millis(10);
         (self.tune)(&mut config);

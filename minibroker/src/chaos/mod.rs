@@ -236,6 +236,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<RunReport> {
     let topology = topology(&options).await?;
     let topology_path = dir.join("topology.toml");
     std::fs::write(&topology_path, topology.to_toml())?;
+    let secret = cluster::auth::ClusterSecret::generate();
+    std::fs::write(dir.join("cluster.secret"), secret.expose())?;
     let bootstrap: Vec<String> = topology
         .coordinators
         .iter()

@@ -133,6 +133,8 @@ impl Nodes {
             .arg(&node.data_dir)
             .arg("--topology-file")
             .arg(&settings.topology_path)
+            .arg("--cluster-secret-file")
+            .arg(settings.dir.join("cluster.secret"))
             .arg("--timeout-scan-interval-ms")
             .arg(settings.timeout_scan_ms.to_string())
             .stdin(Stdio::null())

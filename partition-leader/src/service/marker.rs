@@ -1,15 +1,42 @@
 //! WriteTxnMarkers on one partition in the shell: under the write lock the core plans the marker
 //! (`PartitionState::plan_marker`), the plan is logged and made durable. May touch: the
-//! partition's write lock and state, storage (through `persist`).
+//! partition's write lock and state, storage (through `persist`). Before any of it, the request
+//! is authenticated ([`cluster::auth`]): only the coordinator owning the transactional id, with
+//! the cluster secret and this node's topology, may send markers.
 
-use proto::TopicPartition;
-use tracing::{debug, info};
+use cluster::auth::{self, AuthError};
+use proto::{TopicPartition, WriteTxnMarkersRequest};
+use tracing::{debug, info, warn};
 
 use super::{now_ms, LeaderService};
 use crate::core::{LogEntry, Marker};
 use crate::error::Result;
 
 impl LeaderService {
+    /// The request's cluster credentials ([`cluster::auth`]): signed with the cluster secret,
+    /// under this node's topology, by the coordinator that owns its transactional id.
+    pub(super) fn authenticate_marker(&self, request: &WriteTxnMarkersRequest) -> Result<()> {
+        let credentials = self.inner.credentials.as_ref().ok_or(AuthError::NoSecret)?;
+        let checked = auth::verify(
+            &credentials.secret,
+            &credentials.fingerprint,
+            request,
+            now_ms(),
+        )
+        .and_then(|sender| {
+            auth::check_marker_sender(
+                &self.inner.topology,
+                sender,
+                request.coordinator_id,
+                &request.transactional_id,
+            )
+        });
+        if let Err(e) = &checked {
+            warn!(node_id = self.inner.node_id, error = %e, "WriteTxnMarkers refused");
+        }
+        Ok(checked?)
+    }
+
     pub(super) async fn write_marker(&self, tp: &TopicPartition, marker: Marker) -> Result<()> {
         let part = self.partition(&tp.topic, tp.partition)?;
         let guard = part.write_lock.clone().lock_owned().await;

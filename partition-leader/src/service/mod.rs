@@ -76,6 +76,9 @@ pub struct LeaderConfig {
     pub max_record_bytes: usize,
     /// DANGER, for demonstrating that the checker catches broken fencing: skip the epoch checks.
     pub unsafe_skip_epoch_check: bool,
+    /// The cluster secret internal requests are signed and checked with ([`cluster::auth`]).
+    /// `None` (the default): WriteTxnMarkers is refused from every caller.
+    pub cluster_secret: Option<cluster::auth::ClusterSecret>,
 }
 
 impl LeaderConfig {
@@ -92,7 +95,19 @@ impl LeaderConfig {
             max_batch_bytes: DEFAULT_MAX_BYTES,
             max_record_bytes: DEFAULT_MAX_BYTES,
             unsafe_skip_epoch_check: false,
+            cluster_secret: None,
         }
+    }
+
+    /// What this node signs internal requests with, if it has a secret.
+    pub fn credentials(&self) -> Option<cluster::auth::Credentials> {
+        self.cluster_secret
+            .clone()
+            .map(|secret| cluster::auth::Credentials {
+                secret,
+                node_id: self.node_id,
+                fingerprint: self.topology.fingerprint(),
+            })
     }
 
     fn limits(&self) -> core::Limits {
@@ -146,6 +161,8 @@ impl Partition {
 
 struct Inner {
     node_id: NodeId,
+    /// What internal requests are checked with (`None`: no secret, markers refused).
+    credentials: Option<cluster::auth::Credentials>,
     unsafe_skip_epoch_check: bool,
     topology: Arc<Topology>,
     limits: core::Limits,
@@ -206,6 +223,7 @@ impl LeaderService {
         Ok(Self {
             inner: Arc::new(Inner {
                 node_id: config.node_id,
+                credentials: config.credentials(),
                 unsafe_skip_epoch_check: config.unsafe_skip_epoch_check,
                 topology: config.topology.clone(),
                 limits: config.limits(),
@@ -381,16 +399,23 @@ impl PartitionLeader for LeaderService {
         request: Request<WriteTxnMarkersRequest>,
     ) -> Result<Response<WriteTxnMarkersResponse>, Status> {
         let request = request.into_inner();
-        let commit = match TxnResult::try_from(request.result) {
-            Ok(TxnResult::Commit) => Ok(true),
-            Ok(TxnResult::Abort) => Ok(false),
-            Err(_) => Err(format!("unknown transaction result {}", request.result)),
-        };
+        // Only the coordinator owning the transactional id may end its transaction here.
+        let decided: std::result::Result<bool, (i32, String)> = self
+            .authenticate_marker(&request)
+            .and_then(|()| match TxnResult::try_from(request.result) {
+                Ok(TxnResult::Commit) => Ok(true),
+                Ok(TxnResult::Abort) => Ok(false),
+                Err(_) => Err(Error::InvalidRequest(format!(
+                    "unknown transaction result {}",
+                    request.result
+                ))),
+            })
+            .map_err(|e| e.to_wire());
         let results = futures::future::join_all(request.partitions.into_iter().map(|tp| {
-            let commit = commit.clone();
+            let decided = decided.clone();
             async move {
-                let result = match commit {
-                    Err(message) => Err(Error::InvalidRequest(message)),
+                let (error_code, error_message) = match decided {
+                    Err(refused) => refused,
                     Ok(commit) => {
                         let marker = Marker {
                             producer_id: request.producer_id,
@@ -399,14 +424,13 @@ impl PartitionLeader for LeaderService {
                             coordinator_id: request.coordinator_id,
                             coordinator_generation: request.coordinator_generation,
                         };
-                        self.write_marker(&tp, marker).await
-                    }
-                };
-                let (error_code, error_message) = match result {
-                    Ok(()) => (proto::ErrorCode::None as i32, String::new()),
-                    Err(e) => {
-                        warn!(partition = %format!("{}-{}", tp.topic, tp.partition), "marker rejected: {e}");
-                        e.to_wire()
+                        match self.write_marker(&tp, marker).await {
+                            Ok(()) => (proto::ErrorCode::None as i32, String::new()),
+                            Err(e) => {
+                                warn!(partition = %format!("{}-{}", tp.topic, tp.partition), "marker rejected: {e}");
+                                e.to_wire()
+                            }
+                        }
                     }
                 };
                 MarkerPartitionResult {
@@ -457,10 +481,10 @@ pub async fn serve(
         })
         .await?,
     );
-    let verifier = Arc::new(crate::verify::GrpcVerifier::new(
-        config.topology.clone(),
-        VERIFY_TIMEOUT,
-    ));
+    let verifier = Arc::new(
+        crate::verify::GrpcVerifier::new(config.topology.clone(), VERIFY_TIMEOUT)
+            .with_credentials(config.credentials()),
+    );
     let result = serve_with(config, storage.clone(), verifier, listener, shutdown).await;
     let flushing = storage.clone();
     let flushed = blocking(move || flushing.flush()).await;

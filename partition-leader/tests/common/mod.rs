@@ -77,6 +77,7 @@ impl Leader {
         config.max_batch_bytes = 64 * 1024;
         config.max_record_bytes = 16 * 1024;
         config.unsafe_skip_epoch_check = self.skip_epoch_check;
+        config.cluster_secret = Some(testkit::auth::secret());
         let (tx, rx) = oneshot::channel();
         self.stop = Some(tx);
         self.handle = Some(tokio::spawn(partition_leader::serve(
@@ -172,6 +173,7 @@ pub async fn fetch(
 
 /// WriteTxnMarkers for `partitions` of the test topic; returns the per-partition codes.
 pub async fn markers(
+    topology: &Topology,
     c: &mut PartitionLeaderClient<Channel>,
     pid: i64,
     epoch: i32,
@@ -180,16 +182,12 @@ pub async fn markers(
     partitions: &[i32],
 ) -> Vec<ErrorCode> {
     let partitions: Vec<(&str, i32)> = partitions.iter().map(|p| (TOPIC, *p)).collect();
-    c.write_txn_markers(requests::markers(
-        pid,
-        epoch,
-        commit,
-        generation,
-        &partitions,
-    ))
-    .await
-    .map(|r| requests::marker_codes(r.into_inner()))
-    .unwrap()
+    let mut request = requests::markers(pid, epoch, commit, generation, &partitions);
+    testkit::auth::sign_marker(topology, &mut request);
+    c.write_txn_markers(request)
+        .await
+        .map(|r| requests::marker_codes(r.into_inner()))
+        .unwrap()
 }
 
 /// DescribeProducers for a partition of the test topic.

@@ -1,0 +1,448 @@
+//! Cluster membership: only nodes that hold the cluster secret may call the internal APIs
+//! (WriteTxnMarkers, VerifyTransaction, WriteGroupOffsetMarker), and only nodes that run the same
+//! topology are believed.
+//!
+//! Every internal request carries a [`proto::ClusterAuth`]: the sender's node id, a timestamp,
+//! the fingerprint of the sender's topology, and an HMAC-SHA256 under the cluster secret over
+//! (the RPC's name, those three fields, the request encoded without its `auth` field). The
+//! receiver recomputes it ([`verify`]): a missing or wrong MAC is CLUSTER_AUTHORIZATION_FAILED,
+//! a timestamp further than [`MAX_CLOCK_SKEW_MS`] from the receiver's clock too (it bounds
+//! replays), a different fingerprint is INCONSISTENT_CLUSTER_ID (two topologies would mean two
+//! owners of one id). The sender is then known to be a member, so a receiver can compare its
+//! claims (the `coordinator_id` of a marker) with the topology.
+//!
+//! Why a MAC and not mutual TLS: clients and nodes share one plaintext gRPC port per node (as a
+//! Kafka PLAINTEXT listener); mTLS would need a second, internal listener on every node and
+//! certificates handed to every container. A MAC authenticates the caller and the integrity of
+//! each internal request with one secret and no change to the transport.
+//!
+//! CAVEATS: no confidentiality (requests travel in clear, as on a PLAINTEXT listener); every
+//! member holds the same secret, so a member is trusted not to impersonate another member; a
+//! request captured on the wire can be replayed within the skew window (markers and verification
+//! are idempotent, so a replay changes nothing); replies are not authenticated (forging one needs
+//! a man in the middle, which a MAC on requests does not stop).
+
+use std::fmt;
+use std::path::Path;
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+use crate::{NodeId, Topology};
+
+/// How far (ms) a request's timestamp may be from the receiver's clock.
+pub const MAX_CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
+
+/// Shortest secret accepted (bytes).
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// The shared secret of a cluster. Its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterSecret(Vec<u8>);
+
+impl fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClusterSecret({} bytes)", self.0.len())
+    }
+}
+
+/// Why a secret could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// The file could not be read.
+    #[error("cannot read cluster secret file {path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// No secret given at all.
+    #[error("no cluster secret: pass --cluster-secret-file FILE (env CLUSTER_SECRET_FILE) or set CLUSTER_SECRET; every node of a cluster needs the same one (e.g. `head -c 32 /dev/urandom | base64 > cluster.secret`)")]
+    Missing,
+    /// Too short to be a secret.
+    #[error("cluster secret is {0} bytes; at least {MIN_SECRET_LEN} are needed (e.g. `head -c 32 /dev/urandom | base64`)")]
+    TooShort(usize),
+}
+
+impl ClusterSecret {
+    /// A secret from text (surrounding whitespace is ignored).
+    pub fn new(text: &str) -> Result<Self, SecretError> {
+        let text = text.trim();
+        if text.len() < MIN_SECRET_LEN {
+            return Err(SecretError::TooShort(text.len()));
+        }
+        Ok(Self(text.as_bytes().to_vec()))
+    }
+
+    /// A secret read from a file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, SecretError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| SecretError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::new(&text)
+    }
+
+    /// The secret a node was started with: the file if given, else the text, else
+    /// [`SecretError::Missing`] (a node without a secret would refuse every peer).
+    pub fn from_sources(file: Option<&Path>, text: Option<&str>) -> Result<Self, SecretError> {
+        match (file, text) {
+            (Some(path), _) => Self::load(path),
+            (None, Some(text)) => Self::new(text),
+            (None, None) => Err(SecretError::Missing),
+        }
+    }
+
+    /// A fresh random secret (64 hex characters), e.g. for an embedded cluster.
+    pub fn generate() -> Self {
+        let bytes: [u8; 32] = rand::random();
+        let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Self(text.into_bytes())
+    }
+
+    /// The secret as text, to hand to a node (a file, an environment variable).
+    pub fn expose(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl Topology {
+    /// A short fingerprint of this topology (hex of the first 8 bytes of SHA-256 over its
+    /// canonical TOML): two nodes agree on routing exactly when their fingerprints are equal.
+    pub fn fingerprint(&self) -> String {
+        let digest = Sha256::digest(self.to_toml().as_bytes());
+        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// An internal request that carries a [`proto::ClusterAuth`].
+pub trait InternalRequest: prost::Message + Clone {
+    /// The RPC's name (part of what is signed, so a MAC cannot be moved to another RPC).
+    const METHOD: &'static str;
+    /// The auth field.
+    fn auth(&self) -> Option<&proto::ClusterAuth>;
+    /// Sets the auth field.
+    fn set_auth(&mut self, auth: Option<proto::ClusterAuth>);
+}
+
+macro_rules! internal_request {
+    ($ty:ty, $method:literal) => {
+        impl InternalRequest for $ty {
+            const METHOD: &'static str = $method;
+            fn auth(&self) -> Option<&proto::ClusterAuth> {
+                self.auth.as_ref()
+            }
+            fn set_auth(&mut self, auth: Option<proto::ClusterAuth>) {
+                self.auth = auth;
+            }
+        }
+    };
+}
+
+internal_request!(proto::WriteTxnMarkersRequest, "WriteTxnMarkers");
+internal_request!(proto::VerifyTransactionRequest, "VerifyTransaction");
+internal_request!(
+    proto::WriteGroupOffsetMarkerRequest,
+    "WriteGroupOffsetMarker"
+);
+
+/// What a node signs its internal requests with.
+#[derive(Clone, Debug)]
+pub struct Credentials {
+    /// The cluster secret.
+    pub secret: ClusterSecret,
+    /// This node's id.
+    pub node_id: NodeId,
+    /// This node's topology fingerprint.
+    pub fingerprint: String,
+}
+
+/// Why an internal request was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// No auth field: not sent by a cluster member.
+    #[error("internal API called without cluster credentials")]
+    Missing,
+    /// The MAC does not verify: wrong secret, or the request was altered.
+    #[error("cluster credentials of node {0} do not verify")]
+    BadMac(NodeId),
+    /// The timestamp is outside the window.
+    #[error("cluster credentials of node {node} are {skew_ms} ms away from this node's clock")]
+    Stale {
+        /// Claimed sender.
+        node: NodeId,
+        /// Distance from our clock.
+        skew_ms: i64,
+    },
+    /// This node has no cluster secret: its internal APIs are closed.
+    #[error("this node has no cluster secret configured; its internal APIs are closed")]
+    NoSecret,
+    /// The sender is not a node of the kind that may send this request.
+    #[error("node {0} is not a member that may send this request")]
+    NotAMember(NodeId),
+    /// A marker from a coordinator that does not own the transactional id.
+    #[error("node {sender} sent a marker for {transactional_id:?} (claiming coordinator {claimed}), whose owner is coordinator {owner}")]
+    NotOwner {
+        /// The authenticated sender.
+        sender: NodeId,
+        /// The `coordinator_id` the request claims.
+        claimed: NodeId,
+        /// The transactional id.
+        transactional_id: String,
+        /// Its owner under this node's topology.
+        owner: NodeId,
+    },
+    /// The sender runs another topology.
+    #[error("node {node} runs topology {theirs}, this node runs {ours}")]
+    TopologyMismatch {
+        /// Claimed sender.
+        node: NodeId,
+        /// Our fingerprint.
+        ours: String,
+        /// Theirs.
+        theirs: String,
+    },
+}
+
+impl AuthError {
+    /// The wire code.
+    pub fn code(&self) -> proto::ErrorCode {
+        match self {
+            AuthError::TopologyMismatch { .. } => proto::ErrorCode::InconsistentClusterId,
+            _ => proto::ErrorCode::ClusterAuthorizationFailed,
+        }
+    }
+}
+
+fn mac(
+    secret: &ClusterSecret,
+    method: &str,
+    node_id: NodeId,
+    timestamp_ms: i64,
+    fingerprint: &str,
+    body: &[u8],
+) -> Hmac<Sha256> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&secret.0).expect("HMAC takes any key");
+    m.update(method.as_bytes());
+    m.update(&[0]);
+    m.update(&node_id.to_be_bytes());
+    m.update(&timestamp_ms.to_be_bytes());
+    m.update(fingerprint.as_bytes());
+    m.update(&[0]);
+    m.update(body);
+    m
+}
+
+fn body_without_auth<R: InternalRequest>(request: &R) -> Vec<u8> {
+    let mut bare = request.clone();
+    bare.set_auth(None);
+    bare.encode_to_vec()
+}
+
+/// Signs `request` as `credentials.node_id` at `now_ms`.
+pub fn sign<R: InternalRequest>(credentials: &Credentials, request: &mut R, now_ms: i64) {
+    let body = body_without_auth(request);
+    let tag = mac(
+        &credentials.secret,
+        R::METHOD,
+        credentials.node_id,
+        now_ms,
+        &credentials.fingerprint,
+        &body,
+    )
+    .finalize()
+    .into_bytes();
+    request.set_auth(Some(proto::ClusterAuth {
+        node_id: credentials.node_id,
+        timestamp_ms: now_ms,
+        topology_fingerprint: credentials.fingerprint.clone(),
+        mac: tag.to_vec(),
+    }));
+}
+
+/// Checks that a marker (WriteTxnMarkers, WriteGroupOffsetMarker) authenticated as sent by
+/// `sender` may be sent by it: `sender` is the `coordinator_id` the request claims and the
+/// coordinator that owns `transactional_id` under `topology`.
+pub fn check_marker_sender(
+    topology: &Topology,
+    sender: NodeId,
+    claimed: NodeId,
+    transactional_id: &str,
+) -> Result<(), AuthError> {
+    if topology.coordinator(sender).is_none() {
+        return Err(AuthError::NotAMember(sender));
+    }
+    let owner = topology.coordinator_for(transactional_id).id;
+    if transactional_id.is_empty() || sender != claimed || sender != owner {
+        return Err(AuthError::NotOwner {
+            sender,
+            claimed,
+            transactional_id: transactional_id.to_string(),
+            owner,
+        });
+    }
+    Ok(())
+}
+
+/// Verifies `request`'s credentials at `now_ms` against our secret and topology fingerprint;
+/// returns the authenticated sender.
+pub fn verify<R: InternalRequest>(
+    secret: &ClusterSecret,
+    fingerprint: &str,
+    request: &R,
+    now_ms: i64,
+) -> Result<NodeId, AuthError> {
+    let auth = request.auth().ok_or(AuthError::Missing)?;
+    let body = body_without_auth(request);
+    mac(
+        secret,
+        R::METHOD,
+        auth.node_id,
+        auth.timestamp_ms,
+        &auth.topology_fingerprint,
+        &body,
+    )
+    .verify_slice(&auth.mac)
+    .map_err(|_| AuthError::BadMac(auth.node_id))?;
+    let skew_ms = now_ms.saturating_sub(auth.timestamp_ms);
+    if skew_ms.saturating_abs() > MAX_CLOCK_SKEW_MS {
+        return Err(AuthError::Stale {
+            node: auth.node_id,
+            skew_ms,
+        });
+    }
+    if auth.topology_fingerprint != fingerprint {
+        return Err(AuthError::TopologyMismatch {
+            node: auth.node_id,
+            ours: fingerprint.to_string(),
+            theirs: auth.topology_fingerprint.clone(),
+        });
+    }
+    Ok(auth.node_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds(secret: &str, node_id: NodeId) -> Credentials {
+        Credentials {
+            secret: ClusterSecret::new(secret).unwrap(),
+            node_id,
+            fingerprint: "f00d".into(),
+        }
+    }
+
+    fn marker() -> proto::WriteTxnMarkersRequest {
+        proto::WriteTxnMarkersRequest {
+            producer_id: 7,
+            producer_epoch: 3,
+            coordinator_id: 1,
+            coordinator_generation: 2,
+            ..Default::default()
+        }
+    }
+
+    const SECRET: &str = "0123456789abcdef0123";
+
+    #[test]
+    fn a_signed_request_verifies_and_names_its_sender() {
+        let mut r = marker();
+        sign(&creds(SECRET, 1), &mut r, 1_000);
+        let secret = ClusterSecret::new(SECRET).unwrap();
+        assert_eq!(verify(&secret, "f00d", &r, 2_000), Ok(1));
+    }
+
+    #[test]
+    fn missing_wrong_altered_stale_and_foreign_credentials_are_refused() {
+        let secret = ClusterSecret::new(SECRET).unwrap();
+        assert_eq!(
+            verify(&secret, "f00d", &marker(), 0),
+            Err(AuthError::Missing)
+        );
+
+        let mut r = marker();
+        sign(&creds("another secret of 20b", 1), &mut r, 0);
+        assert_eq!(verify(&secret, "f00d", &r, 0), Err(AuthError::BadMac(1)));
+
+        let mut r = marker();
+        sign(&creds(SECRET, 1), &mut r, 0);
+        r.coordinator_generation = 1_000_000_000_000;
+        assert_eq!(verify(&secret, "f00d", &r, 0), Err(AuthError::BadMac(1)));
+        let mut r2 = marker();
+        sign(&creds(SECRET, 1), &mut r2, 0);
+        r2.auth.as_mut().unwrap().node_id = 2;
+        assert_eq!(verify(&secret, "f00d", &r2, 0), Err(AuthError::BadMac(2)));
+
+        let mut r = marker();
+        sign(&creds(SECRET, 1), &mut r, 0);
+        assert!(matches!(
+            verify(&secret, "f00d", &r, MAX_CLOCK_SKEW_MS + 1),
+            Err(AuthError::Stale { node: 1, .. })
+        ));
+
+        let e = verify(&secret, "beef", &r, 0).unwrap_err();
+        assert!(matches!(e, AuthError::TopologyMismatch { node: 1, .. }));
+        assert_eq!(e.code(), proto::ErrorCode::InconsistentClusterId);
+    }
+
+    #[test]
+    fn a_mac_cannot_be_moved_to_another_rpc() {
+        let secret = ClusterSecret::new(SECRET).unwrap();
+        let mut r = marker();
+        sign(&creds(SECRET, 1), &mut r, 0);
+        let moved = proto::WriteGroupOffsetMarkerRequest {
+            producer_id: 7,
+            producer_epoch: 3,
+            coordinator_id: 1,
+            coordinator_generation: 2,
+            auth: r.auth.clone(),
+            ..Default::default()
+        };
+        assert_eq!(
+            verify(&secret, "f00d", &moved, 0),
+            Err(AuthError::BadMac(1))
+        );
+    }
+
+    #[test]
+    fn only_the_owning_coordinator_may_send_a_marker() {
+        let topology = Topology::parse(
+            "transaction_state_partitions = 4\n\
+             [[coordinators]]\nid = 1\naddress = \"a:1\"\n\
+             [[coordinators]]\nid = 2\naddress = \"a:2\"\n\
+             [[leaders]]\nid = 101\naddress = \"a:3\"\n",
+        )
+        .unwrap();
+        let id = "txn-a";
+        let owner = topology.coordinator_for(id).id;
+        let other = if owner == 1 { 2 } else { 1 };
+        assert_eq!(check_marker_sender(&topology, owner, owner, id), Ok(()));
+        assert!(matches!(
+            check_marker_sender(&topology, other, other, id),
+            Err(AuthError::NotOwner { .. })
+        ));
+        assert!(matches!(
+            check_marker_sender(&topology, owner, 999, id),
+            Err(AuthError::NotOwner { claimed: 999, .. })
+        ));
+        assert_eq!(
+            check_marker_sender(&topology, 101, 101, id),
+            Err(AuthError::NotAMember(101))
+        );
+        assert!(check_marker_sender(&topology, owner, owner, "").is_err());
+    }
+
+    #[test]
+    fn short_secrets_are_refused_and_debug_hides_the_secret() {
+        assert!(matches!(
+            ClusterSecret::new(" short "),
+            Err(SecretError::TooShort(5))
+        ));
+        let s = ClusterSecret::generate();
+        assert_eq!(s.expose().len(), 64);
+        assert!(!format!("{s:?}").contains(s.expose()));
+    }
+}
