@@ -89,11 +89,15 @@ impl Shared {
         let slot = self.slot(&job.transactional_id, false);
         let mut backoff = Backoff::new(self.config.marker_retry_backoff);
         loop {
-            let mut stored = slot.lock().await;
+            let mut stored = slot.meta.lock().await;
             let Some(meta) = stored.as_ref() else { return };
             let outcome = core::complete_markers(meta, job, now_ms());
             match self.apply(&mut stored, outcome).await {
-                Ok(_) => return,
+                Ok(_) => {
+                    // Requests waiting out the Prepare* state (see `state`) run again now.
+                    slot.settled.notify_waiters();
+                    return;
+                }
                 Err(e) => {
                     error!(txn_id = %job.transactional_id, error = %e, "persisting completion failed; retrying")
                 }

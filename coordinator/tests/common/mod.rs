@@ -202,6 +202,9 @@ impl Cluster {
         let mut config = CoordinatorConfig::new(c.id, c.dir.clone(), self.topology.clone());
         config.timeout_scan_interval = Duration::from_millis(20);
         config.marker_retry_backoff = Duration::from_millis(10);
+        // Tests that expect CONCURRENT_TRANSACTIONS (markers held back on purpose) get it after
+        // a short wait rather than the default's seconds.
+        config.max_prepare_wait = Duration::from_millis(200);
         (self.tune)(&mut config);
         let (tx, rx) = oneshot::channel::<()>();
         c.stop = Some(tx);
