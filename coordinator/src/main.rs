@@ -40,6 +40,10 @@ struct Args {
     /// Largest transaction timeout accepted, in milliseconds.
     #[arg(long, env = "MAX_TRANSACTION_TIMEOUT_MS", default_value_t = cluster::MAX_TRANSACTION_TIMEOUT_MS)]
     max_transaction_timeout_ms: i32,
+    /// How long a request whose id's markers are still being written waits for them before it
+    /// is answered CONCURRENT_TRANSACTIONS, in milliseconds (0: answer at once).
+    #[arg(long, env = "MAX_PREPARE_WAIT_MS", default_value_t = coordinator::DEFAULT_MAX_PREPARE_WAIT.as_millis() as u64)]
+    max_prepare_wait_ms: u64,
 }
 
 #[tokio::main]
@@ -59,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
     config.timeout_scan_interval = Duration::from_millis(args.timeout_scan_interval_ms.max(1));
     config.marker_retry_backoff = Duration::from_millis(args.marker_retry_backoff_ms.max(1));
     config.max_transaction_timeout_ms = args.max_transaction_timeout_ms;
+    config.max_prepare_wait = Duration::from_millis(args.max_prepare_wait_ms);
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
