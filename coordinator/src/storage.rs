@@ -232,6 +232,9 @@ impl Storage for SledStorage {
 
     fn put_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
         // One atomic batch and one flush for the lot: the group commit's whole point.
+        if let [meta] = metas {
+            return self.put_txn(meta);
+        }
         let mut batch = sled::Batch::default();
         for meta in metas {
             batch.insert(meta.transactional_id.as_bytes(), serde_json::to_vec(meta)?);

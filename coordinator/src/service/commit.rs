@@ -1,10 +1,12 @@
 //! The group commit room: one writer task makes the transitions of concurrent requests durable
 //! together, with one flush for all of them.
 //!
-//! How: [`GroupCommit::put_txn`] queues the new metadata of one id and waits. The writer task
-//! takes the first queued write, drains everything else already queued (up to [`MAX_BATCH`]),
-//! writes the lot with [`Storage::put_txns`] (sled: one atomic batch, one flush) on the
-//! blocking pool, then releases every waiter with the result. While one flush runs, the next
+//! How: [`GroupCommit::put_txn`] queues the new metadata of one id and waits. The writer, a
+//! dedicated thread (storage calls block; a thread of its own costs the same one hand-off per
+//! request as tokio's blocking pool did, and keeps the batch in one place), takes the first
+//! queued write, drains everything else already queued (up to [`MAX_BATCH`]), writes the lot
+//! with [`Storage::put_txns`] (sled: one atomic batch, one flush), then releases every waiter
+//! with the result. While one flush runs, the next
 //! requests queue up, so the batch grows with the load and nothing waits for a timer: a lone
 //! request pays one write and one flush, as before.
 //!
@@ -20,13 +22,14 @@
 //!
 //! CAVEATS: a failed batch fails every write in it (each waiter gets the error; nothing it
 //! asked for is acknowledged); the queue is unbounded, which is safe only because each entry
-//! is one request waiting for its reply.
+//! is one request waiting for its reply; a panic in the storage engine ends the writer, after
+//! which every write fails (typed error) until restart.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
 
-use cluster::node::{self, lock};
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use cluster::node::lock;
+use tokio::sync::oneshot;
 use tracing::debug;
 
 use crate::core::TxnMetadata;
@@ -47,18 +50,28 @@ struct Pending {
 /// The queue in front of the writer task.
 pub(super) struct GroupCommit {
     /// `None` once closed.
-    queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
+    queue: Mutex<Option<mpsc::Sender<Pending>>>,
 }
 
 impl GroupCommit {
-    /// Starts the writer task over `storage`; join the handle after [`GroupCommit::close`].
-    pub(super) fn start(storage: Arc<dyn Storage>) -> (Self, JoinHandle<()>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let writer = tokio::spawn(write_batches(storage, rx));
+    /// Starts the writer thread over `storage`; join it after [`GroupCommit::close`] (e.g.
+    /// with [`GroupCommit::join`]).
+    pub(super) fn start(storage: Arc<dyn Storage>) -> std::io::Result<(Self, JoinHandle<()>)> {
+        let (tx, rx) = mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name("txn-group-commit".into())
+            .spawn(move || write_batches(storage.as_ref(), rx))?;
         let commit = Self {
             queue: Mutex::new(Some(tx)),
         };
-        (commit, writer)
+        Ok((commit, writer))
+    }
+
+    /// Waits (off the async threads) for a closed writer to finish what was queued.
+    pub(super) async fn join(writer: JoinHandle<()>) -> Result<(), String> {
+        cluster::node::blocking(move || writer.join().map_err(|_| "panicked".to_string()))
+            .await
+            .map_err(|e| e.to_string())?
     }
 
     /// Makes `meta` durable together with whatever else is queued; returns once the flush
@@ -95,9 +108,9 @@ impl GroupCommit {
     }
 }
 
-/// The writer task: one batch at a time until the queue is closed and empty.
-async fn write_batches(storage: Arc<dyn Storage>, mut queue: mpsc::UnboundedReceiver<Pending>) {
-    while let Some(first) = queue.recv().await {
+/// The writer thread: one batch at a time until the queue is closed and empty.
+fn write_batches(storage: &dyn Storage, queue: mpsc::Receiver<Pending>) {
+    while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
@@ -108,11 +121,7 @@ async fn write_batches(storage: Arc<dyn Storage>, mut queue: mpsc::UnboundedRece
         let (metas, waiters): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|p| (p.meta, p.done)).unzip();
         let writes = metas.len();
-        let storage = storage.clone();
-        let result = node::blocking(move || storage.put_txns(&metas))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|written| written.map_err(|e| e.to_string()));
+        let result = storage.put_txns(&metas).map_err(|e| e.to_string());
         debug!(writes, ok = result.is_ok(), "group commit flushed");
         for waiter in waiters {
             // A waiter that went away (its request was cancelled) needs no answer.
@@ -208,7 +217,7 @@ mod tests {
     /// the storage is released.
     async fn one_then_three(fail: bool) -> (Arc<Gated>, Vec<Result<(), StorageError>>) {
         let (storage, entered, gate) = gated(fail);
-        let (commit, writer) = GroupCommit::start(storage.clone());
+        let (commit, writer) = GroupCommit::start(storage.clone()).unwrap();
         let commit = Arc::new(commit);
         let first = tokio::spawn({
             let commit = commit.clone();
@@ -229,7 +238,7 @@ mod tests {
             results.push(written.await.unwrap().map_err(StorageError::GroupCommit));
         }
         commit.close();
-        writer.await.unwrap();
+        GroupCommit::join(writer).await.unwrap();
         // Closed: refused, never silently dropped.
         assert!(commit.put_txn(meta("e")).await.is_err());
         (storage, results)

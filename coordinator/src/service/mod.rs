@@ -194,7 +194,7 @@ pub async fn serve_with_storage(
     let topology = config.topology.clone();
     let index = config.coordinator_index()?;
     let (stop, _) = watch::channel(false);
-    let (commit, writer) = commit::GroupCommit::start(storage.clone());
+    let (commit, writer) = commit::GroupCommit::start(storage.clone())?;
     let shared = Arc::new(Shared {
         node_id: config.node_id,
         coordinator_index: index,
@@ -246,7 +246,7 @@ pub async fn serve_with_storage(
     shared.join_tasks().await;
     // Last: the marker writers joined above may have queued their completions.
     shared.commit.close();
-    if let Err(e) = writer.await {
+    if let Err(e) = commit::GroupCommit::join(writer).await {
         error!(node_id = shared.node_id, error = %e, "group commit writer failed");
     }
     let flushed = shared.blocking(|s| s.flush()).await;
