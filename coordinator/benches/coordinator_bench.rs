@@ -65,6 +65,17 @@ impl PartitionLeader for AckingLeader {
             .collect();
         Ok(Response::new(WriteTxnMarkersResponse { results }))
     }
+    async fn write_txn_markers_batch(
+        &self,
+        request: Request<WriteTxnMarkersBatchRequest>,
+    ) -> Result<Response<WriteTxnMarkersBatchResponse>, Status> {
+        let mut responses = Vec::new();
+        for m in request.into_inner().markers {
+            responses.push(self.write_txn_markers(Request::new(m)).await?.into_inner());
+        }
+        Ok(Response::new(WriteTxnMarkersBatchResponse { responses }))
+    }
+
     async fn describe_producers(
         &self,
         _: Request<DescribeProducersRequest>,

@@ -636,6 +636,39 @@ impl PartitionLeader for LeaderService {
             });
         Ok(Response::new(response))
     }
+
+    async fn write_txn_markers_batch(
+        &self,
+        request: Request<proto::WriteTxnMarkersBatchRequest>,
+    ) -> Result<Response<proto::WriteTxnMarkersBatchResponse>, Status> {
+        self.write_txn_markers_batch_of(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+}
+
+impl LeaderService {
+    /// WriteTxnMarkersBatch: the markers of several transactions from one coordinator, each
+    /// handled exactly as its own WriteTxnMarkers would be (the same fencing, the same writes;
+    /// transactions in parallel), answered in request order. Only the round trip is shared.
+    async fn write_txn_markers_batch_of(
+        &self,
+        batch: proto::WriteTxnMarkersBatchRequest,
+    ) -> Result<proto::WriteTxnMarkersBatchResponse, Status> {
+        debug!(transactions = batch.markers.len(), "WriteTxnMarkersBatch");
+        let replies = futures::future::join_all(
+            batch
+                .markers
+                .into_iter()
+                .map(|markers| self.write_txn_markers(Request::new(markers))),
+        )
+        .await;
+        let responses = replies
+            .into_iter()
+            .map(|reply| reply.map(Response::into_inner))
+            .collect::<Result<_, Status>>()?;
+        Ok(proto::WriteTxnMarkersBatchResponse { responses })
+    }
 }
 
 /// Serves Cluster + PartitionLeader on an already bound listener until `shutdown` resolves,

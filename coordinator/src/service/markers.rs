@@ -14,7 +14,6 @@ use std::time::Duration;
 use cluster::node::{lock, now_ms};
 use cluster::{NodeId, TopicPartition};
 use futures::future::{BoxFuture, FutureExt};
-use proto::partition_leader_client::PartitionLeaderClient;
 use proto::transaction_coordinator_client::TransactionCoordinatorClient;
 use proto::ErrorCode;
 use tonic::transport::{Channel, Endpoint};
@@ -45,7 +44,7 @@ impl Shared {
         self.spawn(async move { shared.write_markers(job).await });
     }
 
-    fn channel(&self, address: &str) -> Result<Channel, String> {
+    pub(super) fn channel(&self, address: &str) -> Result<Channel, String> {
         let mut channels = lock(&self.channels);
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
@@ -167,7 +166,7 @@ impl Shared {
 
     /// WriteTxnMarkers to one leader, for its partitions of the transaction.
     async fn markers_to_leader(
-        &self,
+        self: &Arc<Self>,
         job: &MarkerJob,
         leader: Option<NodeId>,
         partitions: Vec<TopicPartition>,
@@ -189,9 +188,10 @@ impl Shared {
         .await
     }
 
-    /// One WriteTxnMarkers round.
+    /// One WriteTxnMarkers round (through the leader's queue: batched with other
+    /// transactions' markers for the same leader, see `leader_queue`).
     async fn send_to_leader(
-        &self,
+        self: &Arc<Self>,
         job: &MarkerJob,
         address: &str,
         partitions: Vec<TopicPartition>,
@@ -204,14 +204,7 @@ impl Shared {
             coordinator_generation: self.generation(),
             partitions: partitions.iter().cloned().map(Into::into).collect(),
         };
-        let reply = match self.channel(address) {
-            Err(e) => Err(e),
-            Ok(channel) => PartitionLeaderClient::new(channel)
-                .write_txn_markers(request)
-                .await
-                .map(|r| r.into_inner())
-                .map_err(|s| s.to_string()),
-        };
+        let reply = self.write_txn_markers_queued(address, request).await;
         match reply {
             Err(e) => partitions
                 .into_iter()

@@ -15,6 +15,8 @@
 //! - `markers`: the marker writer: sends what a [`crate::core::MarkerJob`] owes to leaders and
 //!   group coordinators through ONE deliver-with-backoff loop, asks the core what each reply
 //!   means ([`crate::core::marker_reply`]), and completes the transaction.
+//! - `leader_queue`: per leader, the queue whose task sends the WriteTxnMarkers of several
+//!   transactions in one WriteTxnMarkersBatch (one WriteTxnMarkers each to a leader without it).
 //! - `groups`: the receiving side of group markers and OffsetFetch: the only room that writes
 //!   `__consumer_offsets` and `__group_marker_state`.
 //! - `commit`: the group commit writer: `state`'s writes of `__transaction_state` for different
@@ -79,6 +81,7 @@
 mod commit;
 mod groups;
 mod grpc;
+mod leader_queue;
 mod markers;
 mod state;
 mod wire;
@@ -208,6 +211,7 @@ pub async fn serve_with_storage(
         groups: Mutex::new(HashMap::new()),
         pids: tokio::sync::Mutex::new(None),
         channels: Mutex::new(HashMap::new()),
+        leader_queues: Mutex::new(HashMap::new()),
         stop,
         tasks: Mutex::new(JoinSet::new()),
     });
@@ -296,6 +300,8 @@ struct Shared {
     pids: tokio::sync::Mutex<Option<PidAllocator>>,
     /// One lazily connected channel per peer address.
     channels: Mutex<HashMap<String, Channel>>,
+    /// One marker queue per leader address (see `leader_queue`).
+    leader_queues: Mutex<HashMap<String, leader_queue::LeaderQueue>>,
     /// `true` once the coordinator is stopping.
     stop: watch::Sender<bool>,
     /// Marker writers and the timeout scan.
