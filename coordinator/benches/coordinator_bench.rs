@@ -234,9 +234,9 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(PartitionLeaderServer::new(AckingLeader))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
-                leader_listener,
-            )),
+            // TCP_NODELAY, as the real leader's listener: without it a response whose frames
+            // are written separately waits for Nagle + delayed ACK (~40 ms).
+            .serve_with_incoming(cluster::node::incoming(leader_listener)),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

@@ -182,7 +182,7 @@ impl Cluster {
             leader_addrs.push(listener.local_addr().unwrap());
             let server = tonic::transport::Server::builder()
                 .add_service(PartitionLeaderServer::new(leader.clone()))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+                .serve_with_incoming(cluster::node::incoming(listener));
             tokio::spawn(server);
             leaders.push(leader);
         }
