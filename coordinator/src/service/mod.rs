@@ -35,7 +35,9 @@
 //! PID is handed out before its block is durable (lock order: id, then allocator).
 //!
 //! Markers (PROTOCOL.md section 7): per decided transaction a task sends WriteTxnMarkers to each
-//! leader (partitions grouped per leader, leaders in parallel) and WriteGroupOffsetMarker to each
+//! leader (partitions grouped per leader, leaders in parallel; the rounds of different
+//! transactions queued for the same leader meanwhile go out together in one
+//! WriteTxnMarkersBatch, see `leader_queue`) and WriteGroupOffsetMarker to each
 //! group's coordinator (this node short-circuits locally), retrying with exponential backoff
 //! (`marker_retry_backoff` doubling up to 32x) until every partition answers NONE; then it
 //! persists Complete*. Permanent marker errors, the same for a partition's leader and a group's
