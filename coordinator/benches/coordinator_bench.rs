@@ -10,7 +10,8 @@
 //! (default 64) concurrent transactional ids for S seconds, plus ratios to the baselines.
 //!
 //! Markers need a partition leader: the bench serves a minimal in-process gRPC `PartitionLeader`
-//! stub that acknowledges every marker at once (no log, no disk), so the cycle measures the
+//! stub that acknowledges every marker at once, alone or in a WriteTxnMarkersBatch (no log, no
+//! disk; TCP_NODELAY like the real leader), so the cycle measures the
 //! coordinator's own cost (3 durable writes + the Complete* write) plus one marker round trip.
 //! A cycle's InitProducerId that lands before the previous EndTxn's markers completed waits in
 //! the coordinator for them (up to `max_prepare_wait`); one that still gets
