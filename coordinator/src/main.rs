@@ -46,6 +46,10 @@ struct Args {
     /// The cluster secret itself (prefer the file: a flag shows in `ps`).
     #[arg(long, env = "CLUSTER_SECRET", hide_env_values = true)]
     cluster_secret: Option<String>,
+    /// How long a request whose id's markers are still being written waits for them before it
+    /// is answered CONCURRENT_TRANSACTIONS, in milliseconds (0: answer at once).
+    #[arg(long, env = "MAX_PREPARE_WAIT_MS", default_value_t = coordinator::DEFAULT_MAX_PREPARE_WAIT.as_millis() as u64)]
+    max_prepare_wait_ms: u64,
 }
 
 #[tokio::main]
@@ -76,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
             config.data_dir.display()
         )
     })?;
+    config.max_prepare_wait = Duration::from_millis(args.max_prepare_wait_ms);
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

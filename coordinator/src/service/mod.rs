@@ -15,20 +15,31 @@
 //! - `markers`: the marker writer: sends what a [`crate::core::MarkerJob`] owes to leaders and
 //!   group coordinators through ONE deliver-with-backoff loop, asks the core what each reply
 //!   means ([`crate::core::marker_reply`]), and completes the transaction.
+//! - `leader_queue`: per leader, the queue whose task sends the WriteTxnMarkers of several
+//!   transactions in one WriteTxnMarkersBatch (one WriteTxnMarkers each to a leader without it).
 //! - `groups`: the receiving side of group markers and OffsetFetch: the only room that writes
 //!   `__consumer_offsets` and `__group_marker_state`.
 //! - `membership`: signing the internal requests this node sends, authenticating the ones it
 //!   receives ([`cluster::auth`]), and the topology agreement with its peers; touches no storage.
+//! - `commit`: the group commit writer: `state`'s writes of `__transaction_state` for different
+//!   ids queue there and share one flush; each waiter is released after the flush covering it.
 //!
 //! Serialisation: one `tokio::sync::Mutex` per transactional id (a map of them behind a std
 //! `Mutex` that is never held across `.await`). Holding the per-id lock across the sled write is
 //! the point: it orders every transition of an id after the previous one is durable. Requests
 //! for one id queue on it for the milliseconds of a write instead of being refused (see the core's
-//! module docs). The PID allocator has its own tokio lock, held across the PID-block write so no
+//! module docs). Different ids do not wait for each other: their writes meet in the group
+//! commit (`commit`) and share one flush. A request the core answers CONCURRENT_TRANSACTIONS only
+//! because the id is in Prepare* (markers outstanding) does not bounce: `state` releases the
+//! id's lock and waits, up to [`CoordinatorConfig::max_prepare_wait`], for the marker writer to
+//! complete the transaction (the slot's `settled` signal), then runs the request again; past the
+//! deadline it is answered CONCURRENT_TRANSACTIONS as before. The PID allocator has its own tokio lock, held across the PID-block write so no
 //! PID is handed out before its block is durable (lock order: id, then allocator).
 //!
 //! Markers (PROTOCOL.md section 7): per decided transaction a task sends WriteTxnMarkers to each
-//! leader (partitions grouped per leader, leaders in parallel) and WriteGroupOffsetMarker to each
+//! leader (partitions grouped per leader, leaders in parallel; the rounds of different
+//! transactions queued for the same leader meanwhile go out together in one
+//! WriteTxnMarkersBatch, see `leader_queue`) and WriteGroupOffsetMarker to each
 //! group's coordinator (this node short-circuits locally), retrying with exponential backoff
 //! (`marker_retry_backoff` doubling up to 32x) until every partition answers NONE; then it
 //! persists Complete*. Permanent marker errors, the same for a partition's leader and a group's
@@ -60,7 +71,8 @@
 //! instance's lock file), serve at once (answering COORDINATOR_LOAD_IN_PROGRESS), bump and
 //! persist the generation, load the owned ids, re-send the markers of every Prepare*, then start
 //! the timeout scan (every `timeout_scan_interval`). Stop: stop accepting, let tonic drain the
-//! connections, stop and join every background task, flush, and close sled
+//! connections, stop and join every background task, close the group commit queue
+//! and join its writer (after the marker tasks, which may still queue a completion), flush, and close sled
 //! ([`cluster::node::close_sled`]: its lock file is released when [`serve`] returns).
 //!
 //! CAVEATS: DescribeTransactions answers INVALID_PRODUCER_ID_MAPPING for an unknown id (Kafka's
@@ -70,8 +82,10 @@
 //! is lost restarts at generation 1 and is then fenced by every group (and leader) that saw it
 //! at a higher generation.
 
+mod commit;
 mod groups;
 mod grpc;
+mod leader_queue;
 mod markers;
 mod membership;
 mod state;
@@ -98,6 +112,9 @@ use crate::Error;
 pub use crate::error::error_code;
 pub use wire::MAX_LIST_LEN;
 
+/// Default of [`CoordinatorConfig::max_prepare_wait`].
+pub const DEFAULT_MAX_PREPARE_WAIT: Duration = Duration::from_secs(5);
+
 /// How to run a coordinator.
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
@@ -118,6 +135,10 @@ pub struct CoordinatorConfig {
     pub cluster_secret: Option<ClusterSecret>,
     /// How often the peers' topology fingerprints are checked (default 1s).
     pub peer_check_interval: Duration,
+    /// How long a request that finds its id's markers still being written (PrepareCommit /
+    /// PrepareAbort) waits for them to complete before it is answered CONCURRENT_TRANSACTIONS
+    /// (default 5s, half the client's request timeout; zero answers at once).
+    pub max_prepare_wait: Duration,
 }
 
 impl CoordinatorConfig {
@@ -136,6 +157,7 @@ impl CoordinatorConfig {
             max_transaction_timeout_ms: cluster::MAX_TRANSACTION_TIMEOUT_MS,
             cluster_secret: None,
             peer_check_interval: Duration::from_secs(1),
+            max_prepare_wait: DEFAULT_MAX_PREPARE_WAIT,
         }
     }
 
@@ -194,6 +216,7 @@ pub async fn serve_with_storage(
         node_id: config.node_id,
         fingerprint: fingerprint.clone(),
     });
+    let (commit, writer) = commit::GroupCommit::start(storage.clone())?;
     let shared = Arc::new(Shared {
         credentials,
         fingerprint,
@@ -203,12 +226,14 @@ pub async fn serve_with_storage(
         topology: topology.clone(),
         config,
         storage,
+        commit,
         generation: AtomicI64::new(-1),
         loaded: AtomicBool::new(false),
         txns: Mutex::new(HashMap::new()),
         groups: Mutex::new(HashMap::new()),
         pids: tokio::sync::Mutex::new(None),
         channels: Mutex::new(HashMap::new()),
+        leader_queues: Mutex::new(HashMap::new()),
         stop,
         tasks: Mutex::new(JoinSet::new()),
     });
@@ -247,6 +272,11 @@ pub async fn serve_with_storage(
     };
     let _ = shared.stop.send(true);
     shared.join_tasks().await;
+    // Last: the marker writers joined above may have queued their completions.
+    shared.commit.close();
+    if let Err(e) = commit::GroupCommit::join(writer).await {
+        error!(node_id = shared.node_id, error = %e, "group commit writer failed");
+    }
     let flushed = shared.blocking(|s| s.flush()).await;
     info!(node_id = shared.node_id, "coordinator stopped");
     loaded?;
@@ -255,8 +285,25 @@ pub async fn serve_with_storage(
     Ok(())
 }
 
-/// The metadata slot of one transactional id, behind its own lock.
-type Slot = Arc<tokio::sync::Mutex<Option<TxnMetadata>>>;
+/// One transactional id's metadata behind its own lock, and the signal its waiters need.
+#[derive(Debug, Default)]
+struct IdSlot {
+    meta: tokio::sync::Mutex<Option<TxnMetadata>>,
+    /// Notified when the id leaves PrepareCommit/PrepareAbort (its markers completed).
+    settled: tokio::sync::Notify,
+}
+
+impl IdSlot {
+    fn new(meta: Option<TxnMetadata>) -> Self {
+        Self {
+            meta: tokio::sync::Mutex::new(meta),
+            settled: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+/// The slot of one transactional id.
+type Slot = Arc<IdSlot>;
 
 /// State shared by the gRPC handlers and the background tasks.
 struct Shared {
@@ -271,6 +318,8 @@ struct Shared {
     topology: Arc<Topology>,
     config: CoordinatorConfig,
     storage: Arc<dyn Storage>,
+    /// The group commit writer in front of `storage` for `__transaction_state`.
+    commit: commit::GroupCommit,
     generation: AtomicI64,
     loaded: AtomicBool,
     /// Per-id metadata, each behind its own lock (see the module docs).
@@ -281,6 +330,8 @@ struct Shared {
     pids: tokio::sync::Mutex<Option<PidAllocator>>,
     /// One lazily connected channel per peer address.
     channels: Mutex<HashMap<String, Channel>>,
+    /// One marker queue per leader address (see `leader_queue`).
+    leader_queues: Mutex<HashMap<String, leader_queue::LeaderQueue>>,
     /// `true` once the coordinator is stopping.
     stop: watch::Sender<bool>,
     /// Marker writers and the timeout scan.

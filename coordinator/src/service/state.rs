@@ -15,7 +15,7 @@ use cluster::{ProducerId, TopicPartition};
 use tracing::{debug, info, warn};
 
 use super::wire::{self, Caller, InitProducerId};
-use super::{Shared, Slot};
+use super::{IdSlot, Shared, Slot};
 use crate::core::{self, Outcome, PidAllocator, ProducerIdAndEpoch, TxnError, TxnMetadata};
 use crate::core::{TxnResult, TxnState};
 use crate::Error;
@@ -99,7 +99,7 @@ impl Shared {
                 }
                 map.insert(
                     meta.transactional_id.clone(),
-                    Arc::new(tokio::sync::Mutex::new(Some(meta))),
+                    Arc::new(IdSlot::new(Some(meta))),
                 );
             }
         }
@@ -147,20 +147,8 @@ impl Shared {
         Ok(step(Some(pid)))
     }
 
-    /// Runs one core transition for the locked id: allocate a PID if asked, persist, log,
-    /// spawn markers, and return the reply.
-    async fn transition(
-        self: &Arc<Self>,
-        stored: &mut Option<TxnMetadata>,
-        step: impl Fn(Option<&TxnMetadata>, Option<ProducerId>) -> Outcome,
-    ) -> Result<ProducerIdAndEpoch, Error> {
-        let outcome = self
-            .with_fresh_pid(|pid| step(stored.as_ref(), pid))
-            .await?;
-        self.apply(stored, outcome).await
-    }
-
-    /// Makes an outcome durable (before anyone is answered), then hands its markers to the
+    /// Makes an outcome durable (before anyone is answered; through the group commit, so
+    /// concurrent transitions of other ids share the flush), then hands its markers to the
     /// marker writer.
     pub(super) async fn apply(
         self: &Arc<Self>,
@@ -168,8 +156,7 @@ impl Shared {
         outcome: Outcome,
     ) -> Result<ProducerIdAndEpoch, Error> {
         if let Some(next) = outcome.persist {
-            let value = next.clone();
-            self.blocking(move |s| s.put_txn(&value)).await?;
+            self.commit.put_txn(next.clone()).await?;
             log_transition(stored.as_ref(), &next);
             *stored = Some(next);
         }
@@ -179,7 +166,17 @@ impl Shared {
         outcome.reply.map_err(Error::Protocol)
     }
 
-    /// Takes the lock of `caller.id` (after the routing check) and runs `step` on it.
+    /// Takes the lock of `caller.id` (after the routing check) and runs one core transition
+    /// on it: allocate a PID if asked, persist, log, spawn markers, and return the reply.
+    ///
+    /// No spinning after EndTxn: when the answer is CONCURRENT_TRANSACTIONS and the id is in
+    /// Prepare* (its markers are outstanding), the request releases the lock and waits, up to
+    /// `max_prepare_wait` from its arrival, for the marker writer to complete the transaction
+    /// ([`IdSlot::settled`]). Then a request that changed nothing runs again and gets the
+    /// answer of the settled state; one whose CONCURRENT_TRANSACTIONS came with a persisted
+    /// change (InitProducerId fencing an open transaction, section 4 step 6) keeps that
+    /// answer, now sent once the abort completed, so the caller's retry finds it complete.
+    /// At the deadline (or at shutdown) the answer is CONCURRENT_TRANSACTIONS as before.
     async fn on_id(
         self: &Arc<Self>,
         id: &str,
@@ -188,8 +185,37 @@ impl Shared {
     ) -> Result<ProducerIdAndEpoch, Error> {
         self.check_owner(id)?;
         let slot = self.slot(id, create);
-        let mut stored = slot.lock().await;
-        self.transition(&mut stored, step).await
+        let deadline = tokio::time::Instant::now() + self.config.max_prepare_wait;
+        loop {
+            let mut stored = slot.meta.lock().await;
+            let outcome = self
+                .with_fresh_pid(|pid| step(stored.as_ref(), pid))
+                .await?;
+            let changed = outcome.persist.is_some();
+            let reply = self.apply(&mut stored, outcome).await;
+            let markers_outstanding = matches!(
+                reply,
+                Err(Error::Protocol(TxnError::ConcurrentTransactions(_)))
+            ) && stored.as_ref().is_some_and(|m| m.state.is_prepare());
+            if !markers_outstanding || tokio::time::Instant::now() >= deadline {
+                return reply;
+            }
+            // Registered before the lock is released, so a completion in between is not missed.
+            let settled = slot.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            drop(stored);
+            let mut stop = self.stop.subscribe();
+            let woken = tokio::select! {
+                _ = settled => true,
+                _ = tokio::time::sleep_until(deadline) => false,
+                _ = stop.wait_for(|s| *s) => false,
+            };
+            if !woken || changed {
+                debug!(txn_id = %id, woken, "answering CONCURRENT_TRANSACTIONS after waiting for markers");
+                return reply;
+            }
+        }
     }
 
     /// InitProducerId: a transactional producer's (PID, epoch), or a fresh PID at epoch 0 for
@@ -288,7 +314,7 @@ impl Shared {
     ) -> Result<(), Error> {
         self.check_owner(&caller.id)?;
         let slot = self.slot(&caller.id, false);
-        let stored = slot.lock().await;
+        let stored = slot.meta.lock().await;
         core::verify_transaction(&caller.id, stored.as_ref(), caller.producer, &partition)
             .map_err(Error::Protocol)
     }
@@ -304,7 +330,7 @@ impl Shared {
         slots.sort_by(|a, b| a.0.cmp(&b.0));
         let mut listings = Vec::new();
         for (id, slot) in slots {
-            let stored = slot.lock().await;
+            let stored = slot.meta.lock().await;
             let Some(m) = stored.as_ref() else { continue };
             let state = wire::state(m.state) as i32;
             if filters.is_empty() || filters.contains(&state) {
@@ -329,7 +355,7 @@ impl Shared {
             return wire::description_error(id, self.node_id, &e);
         }
         let slot = self.slot(id, false);
-        let stored = slot.lock().await;
+        let stored = slot.meta.lock().await;
         match stored.as_ref() {
             None => wire::description_unknown(id, self.node_id),
             Some(m) => wire::description(m, self.node_id, now),
@@ -345,7 +371,7 @@ impl Shared {
             let now = now_ms();
             for (id, slot) in self.all_slots() {
                 // A busy id is looked at again on the next scan.
-                let Ok(mut stored) = slot.try_lock() else {
+                let Ok(mut stored) = slot.meta.try_lock() else {
                     continue;
                 };
                 if let Err(e) = self.expire(&mut stored, now).await {

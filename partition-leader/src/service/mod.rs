@@ -444,6 +444,15 @@ impl PartitionLeader for LeaderService {
         Ok(Response::new(WriteTxnMarkersResponse { results }))
     }
 
+    async fn write_txn_markers_batch(
+        &self,
+        request: Request<proto::WriteTxnMarkersBatchRequest>,
+    ) -> Result<Response<proto::WriteTxnMarkersBatchResponse>, Status> {
+        self.write_txn_markers_batch_of(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn describe_producers(
         &self,
         request: Request<DescribeProducersRequest>,
