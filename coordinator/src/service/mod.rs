@@ -254,6 +254,8 @@ pub async fn serve_with_storage(
             let _ = server_stop.wait_for(|stopped| *stopped).await;
         });
     let server = tokio::spawn(server);
+    // The first check before loading: once loaded, the coordinator knows whether it may serve.
+    shared.refresh_peers().await;
     let peers = shared.clone();
     shared.spawn(async move { peers.check_peers().await });
 
