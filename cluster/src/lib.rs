@@ -8,6 +8,9 @@
 //! - [`service`]: the `Cluster` gRPC service over a topology.
 //! - [`node`]: node plumbing both node kinds share (clock, blocking pool, TCP_NODELAY listener,
 //!   stop signal, opening and closing sled with its lock file, poison-tolerant locks).
+//! - [`health`]: the standard gRPC services every node serves beside its own: health
+//!   (`grpc.health.v1`) and server reflection.
+//! - [`metrics`]: a node's Prometheus metrics and the HTTP endpoint that serves them.
 //! - [`marker_fence`]: the one fencing rule for transaction markers, applied by partition
 //!   leaders (WriteTxnMarkers) and group coordinators (WriteGroupOffsetMarker).
 //!
@@ -23,7 +26,9 @@
 //! marker is written by the leader's shell on [`node::blocking`] and answered NONE. A group
 //! marker to a group coordinator goes through the same [`marker_fence::check`].
 
+pub mod health;
 pub mod marker_fence;
+pub mod metrics;
 pub mod node;
 pub mod service;
 pub mod topology;
