@@ -389,6 +389,26 @@ pub async fn serve_http(
     }
 }
 
+/// Binds `address` and serves [`serve_http`] on it in a task until `stop` turns true; the
+/// bound address (port 0 picks one) and the task.
+pub async fn spawn_endpoint(
+    address: &str,
+    metrics: Metrics,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("binding the metrics endpoint {address}: {e}"),
+        )
+    })?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(serve_http(listener, metrics, async move {
+        let _ = stop.wait_for(|stopped| *stopped).await;
+    }));
+    Ok((bound, task))
+}
+
 async fn answer(mut conn: tokio::net::TcpStream, metrics: &Metrics) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(512);
     let read = tokio::time::timeout(READ_TIMEOUT, async {

@@ -40,11 +40,21 @@ impl TransactionCoordinator for CoordinatorService {
         debug!("InitProducerId");
         let s = &self.shared;
         let max_timeout = s.config.max_transaction_timeout_ms;
+        let (txn_id, pid) = (
+            request
+                .get_ref()
+                .transactional_id
+                .clone()
+                .unwrap_or_default(),
+            request.get_ref().expected_producer_id,
+        );
         let result = match wire::init_producer_id(request.into_inner(), max_timeout) {
             Ok(request) => s.init_producer_id(request).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("InitProducerId", error_code, &txn_id, pid);
         let id = result.unwrap_or(NO_IDENTITY);
         Ok(Response::new(proto::InitProducerIdResponse {
             error_code,
@@ -63,11 +73,17 @@ impl TransactionCoordinator for CoordinatorService {
             partitions = request.get_ref().partitions.len(),
             "AddPartitionsToTxn"
         );
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
         let result = match wire::add_partitions(request.into_inner()) {
             Ok((caller, partitions)) => self.shared.add_partitions(caller, partitions).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("AddPartitionsToTxn", error_code, &txn_id, pid);
         Ok(Response::new(proto::AddPartitionsToTxnResponse {
             error_code,
             error_message,
@@ -80,11 +96,17 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::AddOffsetsToTxnRequest>,
     ) -> Result<Response<proto::AddOffsetsToTxnResponse>, Status> {
         debug!("AddOffsetsToTxn");
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
         let result = match wire::add_offsets(request.into_inner()) {
             Ok((caller, group)) => self.shared.add_offsets(caller, group).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("AddOffsetsToTxn", error_code, &txn_id, pid);
         Ok(Response::new(proto::AddOffsetsToTxnResponse {
             error_code,
             error_message,
@@ -97,6 +119,10 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::TxnOffsetCommitRequest>,
     ) -> Result<Response<proto::TxnOffsetCommitResponse>, Status> {
         debug!(offsets = request.get_ref().offsets.len(), "TxnOffsetCommit");
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
         let result = match wire::txn_offset_commit(request.into_inner()) {
             Ok((caller, group, offsets)) => {
                 self.shared.txn_offset_commit(caller, group, offsets).await
@@ -104,6 +130,8 @@ impl TransactionCoordinator for CoordinatorService {
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("TxnOffsetCommit", error_code, &txn_id, pid);
         Ok(Response::new(proto::TxnOffsetCommitResponse {
             error_code,
             error_message,
@@ -116,11 +144,13 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::OffsetFetchRequest>,
     ) -> Result<Response<proto::OffsetFetchResponse>, Status> {
         debug!("OffsetFetch");
+        let (txn_id, pid) = (String::new(), cluster::NO_PRODUCER_ID);
         let result = match wire::offset_fetch(request.into_inner()) {
             Ok((group, partitions)) => self.shared.offset_fetch(group, partitions).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared.count("OffsetFetch", error_code, &txn_id, pid);
         Ok(Response::new(proto::OffsetFetchResponse {
             error_code,
             error_message,
@@ -134,11 +164,16 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::EndTxnRequest>,
     ) -> Result<Response<proto::EndTxnResponse>, Status> {
         debug!("EndTxn");
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
         let result = match wire::end_txn(request.into_inner()) {
             Ok((caller, result)) => self.shared.end_txn(caller, result).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared.count("EndTxn", error_code, &txn_id, pid);
         let id = result.unwrap_or(NO_IDENTITY);
         Ok(Response::new(proto::EndTxnResponse {
             error_code,
@@ -154,11 +189,14 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::ListTransactionsRequest>,
     ) -> Result<Response<proto::ListTransactionsResponse>, Status> {
         debug!("ListTransactions");
+        let (txn_id, pid) = (String::new(), cluster::NO_PRODUCER_ID);
         let result = match wire::state_filters(request.get_ref()) {
             Ok(filters) => self.shared.list_transactions(filters).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("ListTransactions", error_code, &txn_id, pid);
         Ok(Response::new(proto::ListTransactionsResponse {
             error_code,
             error_message,
@@ -189,6 +227,14 @@ impl TransactionCoordinator for CoordinatorService {
                 transactions.push(self.shared.describe_transaction(id, now).await);
             }
         }
+        for t in &transactions {
+            self.shared.count(
+                "DescribeTransactions",
+                t.error_code,
+                "",
+                cluster::NO_PRODUCER_ID,
+            );
+        }
         Ok(Response::new(proto::DescribeTransactionsResponse {
             transactions,
         }))
@@ -200,11 +246,17 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::VerifyTransactionRequest>,
     ) -> Result<Response<proto::VerifyTransactionResponse>, Status> {
         debug!("VerifyTransaction");
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
         let result = match wire::verify_transaction(request.into_inner()) {
             Ok((caller, partition)) => self.shared.verify_transaction(caller, partition).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("VerifyTransaction", error_code, &txn_id, pid);
         Ok(Response::new(proto::VerifyTransactionResponse {
             error_code,
             error_message,
@@ -217,11 +269,14 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::WriteGroupOffsetMarkerRequest>,
     ) -> Result<Response<proto::WriteGroupOffsetMarkerResponse>, Status> {
         debug!("WriteGroupOffsetMarker");
+        let (txn_id, pid) = (String::new(), request.get_ref().producer_id);
         let result = match wire::group_marker(request.into_inner()) {
             Ok(marker) => self.shared.write_group_marker(marker).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("WriteGroupOffsetMarker", error_code, &txn_id, pid);
         Ok(Response::new(proto::WriteGroupOffsetMarkerResponse {
             error_code,
             error_message,

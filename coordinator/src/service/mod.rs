@@ -79,6 +79,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cluster::health::{self, NodeHealth, COORDINATOR_SERVICE};
+use cluster::metrics::Metrics;
 use cluster::node::{self, lock};
 use cluster::{ClusterService, NodeId, Topology};
 use proto::transaction_coordinator_server::TransactionCoordinatorServer;
@@ -109,10 +111,12 @@ pub struct CoordinatorConfig {
     pub marker_retry_backoff: Duration,
     /// Largest transaction timeout accepted (default [`cluster::MAX_TRANSACTION_TIMEOUT_MS`]).
     pub max_transaction_timeout_ms: i32,
+    /// Where this node counts what it does (serve them with [`cluster::metrics::serve_http`]).
+    pub metrics: Metrics,
 }
 
 impl CoordinatorConfig {
-    /// A config with the defaults.
+    /// A config with the defaults (and a fresh [`Metrics`] registry).
     pub fn new(
         node_id: NodeId,
         data_dir: impl Into<std::path::PathBuf>,
@@ -125,6 +129,7 @@ impl CoordinatorConfig {
             timeout_scan_interval: Duration::from_secs(1),
             marker_retry_backoff: Duration::from_millis(100),
             max_transaction_timeout_ms: cluster::MAX_TRANSACTION_TIMEOUT_MS,
+            metrics: Metrics::new(),
         }
     }
 
@@ -200,7 +205,19 @@ pub async fn serve_with_storage(
         let _ = stop_tx.send(true);
     });
     let mut server_stop = shared.stop.subscribe();
+    // NOT_SERVING until loaded, and again from the moment the coordinator starts stopping.
+    let (health, health_service) = NodeHealth::new(COORDINATOR_SERVICE).await;
+    let reflection = health::reflection(COORDINATOR_SERVICE)
+        .map_err(|e| Error::Config(format!("reflection: {e}")))?;
+    let mut stopping = shared.stop.subscribe();
+    let unhealthy = health.clone();
+    tokio::spawn(async move {
+        let _ = stopping.wait_for(|stopped| *stopped).await;
+        unhealthy.set_serving(false).await;
+    });
     let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
         .add_service(ClusterService::new(topology).into_server())
         .add_service(TransactionCoordinatorServer::new(
             grpc::CoordinatorService::new(shared.clone()),
@@ -215,6 +232,9 @@ pub async fn serve_with_storage(
         error!(node_id = shared.node_id, error = %e, "loading transaction state failed; stopping");
         let _ = shared.stop.send(true);
     } else {
+        if !shared.stopping() {
+            health.set_serving(true).await;
+        }
         let scan = shared.clone();
         shared.spawn(async move { scan.timeout_scan().await });
     }
@@ -260,6 +280,14 @@ struct Shared {
 }
 
 impl Shared {
+    /// Counts one answered request in the node's metrics (by API and error code; a fenced one
+    /// by transactional id and PID too).
+    fn count(&self, request: &str, error_code: i32, txn_id: &str, pid: cluster::ProducerId) {
+        self.config
+            .metrics
+            .request(request, error_code, txn_id, pid);
+    }
+
     fn generation(&self) -> i64 {
         self.generation.load(Ordering::Acquire)
     }
