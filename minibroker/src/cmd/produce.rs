@@ -291,7 +291,7 @@ async fn report_failure(
         (false, _) => format!("{id}: the transaction failed and was aborted: {first}"),
     };
     if json {
-        println!(
+        minibroker::outln!(
             "{}",
             json!({"topic": args.topic, "transactional": true,
                 "records_committed": tally.committed, "records_aborted": tally.aborted,
@@ -316,7 +316,7 @@ fn print_summary(args: &ProduceArgs, tally: &Tally, pid: i64, epoch: i16, json: 
         ..
     } = *tally;
     if json {
-        println!(
+        minibroker::outln!(
             "{}",
             json!({"topic": args.topic, "transactional": args.transactional_id.is_some(),
                 "records_committed": committed, "records_aborted": aborted,
@@ -324,10 +324,10 @@ fn print_summary(args: &ProduceArgs, tally: &Tally, pid: i64, epoch: i16, json: 
                 "producer_id": pid, "producer_epoch": epoch, "seconds": seconds})
         );
     } else if args.transactional_id.is_some() {
-        println!(
+        minibroker::outln!(
             "{committed} records committed, {aborted} aborted, in {txns} transactions ({aborted_txns} aborted); PID {pid} epoch {epoch}; {seconds:.2}s"
         );
     } else {
-        println!("{committed} records written idempotently; PID {pid}; {seconds:.2}s");
+        minibroker::outln!("{committed} records written idempotently; PID {pid}; {seconds:.2}s");
     }
 }

@@ -80,16 +80,19 @@ async fn list(admin: &Admin, states: Vec<StateArg>, json: bool) -> anyhow::Resul
                 "state": state_name(t.state), "coordinator_id": c})
             })
             .collect();
-        println!("{}", serde_json::to_string(&list)?);
+        minibroker::outln!("{}", serde_json::to_string(&list)?);
     } else if list.is_empty() {
-        println!("no transactional ids");
+        minibroker::outln!("no transactional ids");
     } else {
-        println!(
+        minibroker::outln!(
             "{:<32} {:>8} {:<16} {:>11}",
-            "TRANSACTIONAL ID", "PID", "STATE", "COORDINATOR"
+            "TRANSACTIONAL ID",
+            "PID",
+            "STATE",
+            "COORDINATOR"
         );
         for (c, t) in list {
-            println!(
+            minibroker::outln!(
                 "{:<32} {:>8} {:<16} {:>11}",
                 t.transactional_id,
                 t.producer_id,
@@ -110,7 +113,7 @@ async fn describe(admin: &Admin, id: &str, json: bool) -> anyhow::Result<()> {
         .map(|p| format!("{}-{}", p.topic, p.partition))
         .collect();
     if json {
-        println!(
+        minibroker::outln!(
             "{}",
             json!({"transactional_id": d.transactional_id, "producer_id": d.producer_id,
                 "producer_epoch": d.producer_epoch, "last_epoch": d.last_epoch,
@@ -121,20 +124,22 @@ async fn describe(admin: &Admin, id: &str, json: bool) -> anyhow::Result<()> {
                 "age_ms": d.age_ms, "coordinator_id": d.coordinator_id})
         );
     } else {
-        println!("transactional id   {}", d.transactional_id);
-        println!("coordinator        {}", d.coordinator_id);
-        println!("producer id        {}", d.producer_id);
-        println!(
+        minibroker::outln!("transactional id   {}", d.transactional_id);
+        minibroker::outln!("coordinator        {}", d.coordinator_id);
+        minibroker::outln!("producer id        {}", d.producer_id);
+        minibroker::outln!(
             "epoch              {} (last epoch {})",
-            d.producer_epoch, d.last_epoch
+            d.producer_epoch,
+            d.last_epoch
         );
-        println!(
+        minibroker::outln!(
             "previous/next PID  {} / {}",
-            d.previous_producer_id, d.next_producer_id
+            d.previous_producer_id,
+            d.next_producer_id
         );
-        println!("state              {}", state_name(d.state));
-        println!("timeout            {} ms", d.transaction_timeout_ms);
-        println!(
+        minibroker::outln!("state              {}", state_name(d.state));
+        minibroker::outln!("timeout            {} ms", d.transaction_timeout_ms);
+        minibroker::outln!(
             "partitions         {}",
             if partitions.is_empty() {
                 "-".into()
@@ -142,7 +147,7 @@ async fn describe(admin: &Admin, id: &str, json: bool) -> anyhow::Result<()> {
                 partitions.join(", ")
             }
         );
-        println!(
+        minibroker::outln!(
             "groups             {}",
             if d.groups.is_empty() {
                 "-".into()
@@ -150,7 +155,7 @@ async fn describe(admin: &Admin, id: &str, json: bool) -> anyhow::Result<()> {
                 d.groups.join(", ")
             }
         );
-        println!("open for           {} ms", d.age_ms);
+        minibroker::outln!("open for           {} ms", d.age_ms);
     }
     Ok(())
 }
