@@ -29,7 +29,8 @@ fn demo_exits_zero_and_ends_with_a_json_summary() {
     assert_eq!(summary["passed"], true);
     assert_eq!(summary["records"]["duplicated"], 0);
     assert_eq!(summary["records"]["aborted_visible"], 0);
-    let text = String::from_utf8_lossy(&out.stdout);
+    // With --json the story is on stderr.
+    let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("Verdict: PASS"));
     assert!(text.contains("PRODUCER_FENCED"));
     assert!(text.contains("INVALID_PRODUCER_EPOCH"));

@@ -1,10 +1,27 @@
-//! `minibroker transactions list|describe`: the coordinators' view of transactional ids
-//! (ListTransactions, DescribeTransactions), as tables or JSON. Read-only.
+//! `minibroker transactions list|describe|find-hanging|abort`, like Kafka's
+//! `kafka-transactions.sh`: the coordinators' view of transactional ids (ListTransactions,
+//! DescribeTransactions), as tables or JSON; hanging transactions; and ending one by hand.
+//!
+//! A transaction hangs when it holds back read_committed readers with nobody to end it:
+//! - open (Ongoing or Prepare*) at its coordinator for longer than its timeout (the timeout
+//!   scan should have aborted it: the coordinator is stuck, e.g. on markers it cannot deliver);
+//! - open at a partition leader (it holds the LSO) while no coordinator has an open
+//!   transaction for that PID (the coordinator lost its state, or a marker was lost).
+//!
+//! `abort ID` ends the first kind through the coordinator: an InitProducerId without an
+//! expected (PID, epoch), exactly what a new instance of the application would send, so the
+//! coordinator aborts the open transaction with markers at a new epoch and the producer that
+//! held it is fenced. `abort --topic T --partition P --producer-id PID` ends the second kind: an
+//! ABORT marker for that PID, written to that partition's leader at the next epoch and at the
+//! coordinator generation the leader recorded for the PID; refused while a coordinator still
+//! has the PID's transaction open (abort it by id then).
 
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::bail;
 use clap::{Subcommand, ValueEnum};
-use producer_client::{Admin, ClientConfig};
+use producer_client::{Admin, ClientConfig, RawRequests, TopicPartition};
 use serde_json::json;
 
 /// `transactions` subcommands.
@@ -20,6 +37,24 @@ pub enum TransactionsCommand {
     Describe {
         /// The transactional id.
         id: String,
+    },
+    /// Transactions that hold read_committed readers back with nobody to end them.
+    FindHanging,
+    /// End a hanging transaction: by transactional id (through its coordinator, fencing its
+    /// producer), or by partition and producer id (an ABORT marker at the leader).
+    Abort {
+        /// The transactional id whose open transaction to abort.
+        #[arg(conflicts_with_all = ["topic", "partition", "producer_id"], required_unless_present = "producer_id")]
+        id: Option<String>,
+        /// Topic of a partition whose LSO the producer holds.
+        #[arg(long, requires_all = ["partition", "producer_id"])]
+        topic: Option<String>,
+        /// That partition.
+        #[arg(long, requires = "topic")]
+        partition: Option<i32>,
+        /// The producer id holding it.
+        #[arg(long, requires = "topic")]
+        producer_id: Option<i64>,
     },
 }
 
@@ -60,12 +95,268 @@ pub async fn run(
     command: TransactionsCommand,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let admin = Admin::new(config)?;
+    let admin = Admin::new(config.clone())?;
     match command {
         TransactionsCommand::List { states } => list(&admin, states, json).await?,
         TransactionsCommand::Describe { id } => describe(&admin, &id, json).await?,
+        TransactionsCommand::FindHanging => {
+            let hanging = find_hanging(&admin).await?;
+            print_hanging(&hanging, json)?;
+        }
+        TransactionsCommand::Abort { id: Some(id), .. } => {
+            abort_by_id(&admin, &config, &id, json).await?
+        }
+        TransactionsCommand::Abort {
+            topic: Some(topic),
+            partition: Some(partition),
+            producer_id: Some(pid),
+            ..
+        } => {
+            abort_on_partition(
+                &admin,
+                &config,
+                TopicPartition::new(topic, partition),
+                pid,
+                json,
+            )
+            .await?
+        }
+        TransactionsCommand::Abort { .. } => {
+            bail!("transactions abort needs a transactional id, or --topic, --partition and --producer-id")
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A hanging transaction, as `find-hanging` reports it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Hanging {
+    /// `open_past_timeout` (at its coordinator) or `lso_held_without_coordinator` (at a leader).
+    pub kind: &'static str,
+    /// The transactional id, when a coordinator knows it.
+    pub transactional_id: Option<String>,
+    /// The producer id.
+    pub producer_id: i64,
+    /// The producer epoch.
+    pub producer_epoch: i32,
+    /// Its state at the coordinator (`-` when none knows it).
+    pub state: String,
+    /// The partitions it holds.
+    pub partitions: Vec<String>,
+    /// How long it has been open, in ms (coordinator's view; -1 when unknown).
+    pub age_ms: i64,
+    /// Its timeout, in ms (-1 when unknown).
+    pub transaction_timeout_ms: i32,
+    /// First offset of the open transaction at the leader (-1 when unknown).
+    pub first_offset: i64,
+    /// What to run to end it.
+    pub fix: String,
+}
+
+fn is_open(state: i32) -> bool {
+    matches!(
+        proto::TxnState::try_from(state),
+        Ok(proto::TxnState::Ongoing
+            | proto::TxnState::PrepareCommit
+            | proto::TxnState::PrepareAbort)
+    )
+}
+
+/// Both kinds of hanging transaction (see the module docs).
+async fn find_hanging(admin: &Admin) -> anyhow::Result<Vec<Hanging>> {
+    let listings = admin.list_transactions(&[]).await?;
+    let mut hanging = Vec::new();
+    let mut open_pids = std::collections::BTreeSet::new();
+    for (_, t) in &listings {
+        if !is_open(t.state) {
+            continue;
+        }
+        open_pids.insert(t.producer_id);
+        let d = admin.describe_transaction(&t.transactional_id).await?;
+        if is_open(d.state) && d.age_ms > i64::from(d.transaction_timeout_ms) {
+            hanging.push(Hanging {
+                kind: "open_past_timeout",
+                transactional_id: Some(d.transactional_id.clone()),
+                producer_id: d.producer_id,
+                producer_epoch: d.producer_epoch,
+                state: state_name(d.state),
+                partitions: d
+                    .partitions
+                    .iter()
+                    .map(|p| format!("{}-{}", p.topic, p.partition))
+                    .collect(),
+                age_ms: d.age_ms,
+                transaction_timeout_ms: d.transaction_timeout_ms,
+                first_offset: -1,
+                fix: format!("minibroker transactions abort {}", d.transactional_id),
+            });
+        }
+    }
+    let metadata = admin.metadata().await?;
+    let mut topics: Vec<(&String, usize)> = metadata
+        .topics
+        .iter()
+        .map(|(name, leaders)| (name, leaders.len()))
+        .collect();
+    topics.sort();
+    for (topic, partitions) in topics {
+        for partition in 0..partitions as i32 {
+            for p in admin.describe_producers(topic, partition).await? {
+                if p.current_txn_start_offset < 0 || open_pids.contains(&p.producer_id) {
+                    continue;
+                }
+                hanging.push(Hanging {
+                    kind: "lso_held_without_coordinator",
+                    transactional_id: None,
+                    producer_id: p.producer_id,
+                    producer_epoch: p.producer_epoch,
+                    state: "-".into(),
+                    partitions: vec![format!("{topic}-{partition}")],
+                    age_ms: -1,
+                    transaction_timeout_ms: -1,
+                    first_offset: p.current_txn_start_offset,
+                    fix: format!(
+                        "minibroker transactions abort --topic {topic} --partition {partition} --producer-id {}",
+                        p.producer_id
+                    ),
+                });
+            }
+        }
+    }
+    Ok(hanging)
+}
+
+fn print_hanging(hanging: &[Hanging], json: bool) -> anyhow::Result<()> {
+    if json {
+        minibroker::outln!("{}", serde_json::to_string(hanging)?);
+        return Ok(());
+    }
+    if hanging.is_empty() {
+        minibroker::outln!("no hanging transactions");
+        return Ok(());
+    }
+    for h in hanging {
+        let what = match h.kind {
+            "open_past_timeout" => format!(
+                "{} ({}) open for {} ms, past its timeout of {} ms",
+                h.transactional_id.as_deref().unwrap_or("?"),
+                h.state,
+                h.age_ms,
+                h.transaction_timeout_ms
+            ),
+            _ => format!(
+                "PID {} epoch {} holds the LSO of {} at offset {}; no coordinator has its transaction open",
+                h.producer_id,
+                h.producer_epoch,
+                h.partitions.join(", "),
+                h.first_offset
+            ),
+        };
+        minibroker::outln!("{what}\n    fix: {}", h.fix);
+    }
+    Ok(())
+}
+
+/// `abort ID`: fences the id's producer through its coordinator, which aborts the open
+/// transaction; waits until the abort is complete.
+async fn abort_by_id(
+    admin: &Admin,
+    config: &ClientConfig,
+    id: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let before = admin.describe_transaction(id).await?;
+    if !is_open(before.state) {
+        let state = state_name(before.state);
+        if json {
+            minibroker::outln!(
+                "{}",
+                json!({"transactional_id": id, "aborted": false, "state": state,
+                    "producer_id": before.producer_id, "producer_epoch": before.producer_epoch})
+            );
+        } else {
+            minibroker::outln!("{id} has no open transaction (state {state}); nothing to abort");
+        }
+        return Ok(());
+    }
+    // CONCURRENT_TRANSACTIONS while the abort markers are written: RawRequests retries it, so
+    // this returns once the transaction is CompleteAbort and the id holds a new epoch.
+    let raw = RawRequests::new(config.clone().with_request_timeout(Duration::from_secs(10)))?;
+    let (pid, epoch) = raw
+        .init_producer_id(id, before.transaction_timeout_ms, None)
+        .await?;
+    if json {
+        minibroker::outln!(
+            "{}",
+            json!({"transactional_id": id, "aborted": true, "state": state_name(before.state),
+                "producer_id": pid, "producer_epoch": epoch,
+                "fenced_producer_epoch": before.producer_epoch})
+        );
+    } else {
+        minibroker::outln!(
+            "aborted the open transaction of {id} ({}, PID {} epoch {}); its producer is fenced, the id now holds epoch {epoch}",
+            state_name(before.state),
+            before.producer_id,
+            before.producer_epoch
+        );
+    }
+    Ok(())
+}
+
+/// `abort --topic --partition --producer-id`: an ABORT marker at the partition's leader.
+async fn abort_on_partition(
+    admin: &Admin,
+    config: &ClientConfig,
+    tp: TopicPartition,
+    pid: i64,
+    json: bool,
+) -> anyhow::Result<()> {
+    let producers = admin.describe_producers(&tp.topic, tp.partition).await?;
+    let Some(state) = producers.iter().find(|p| p.producer_id == pid) else {
+        bail!("{tp} has no producer state for PID {pid}");
+    };
+    if state.current_txn_start_offset < 0 {
+        bail!("PID {pid} has no open transaction on {tp}; nothing to abort");
+    }
+    let listings = admin.list_transactions(&[]).await?;
+    if let Some((_, t)) = listings
+        .iter()
+        .find(|(_, t)| t.producer_id == pid && is_open(t.state))
+    {
+        bail!(
+            "PID {pid} has an open transaction at its coordinator ({}); abort it there with `minibroker transactions abort {}`",
+            t.transactional_id, t.transactional_id
+        );
+    }
+    let Ok(epoch) = i16::try_from(state.producer_epoch + 1) else {
+        bail!("PID {pid} is at the last epoch on {tp}; an ABORT marker above it cannot be written");
+    };
+    let coordinator_id = admin
+        .metadata()
+        .await?
+        .coordinators
+        .first()
+        .map_or(0, |c| c.node_id);
+    let raw = RawRequests::new(config.clone())?;
+    // At the generation the leader recorded for the PID (none yet: 0), so the leader's marker
+    // fence accepts it and a later marker of a real coordinator still passes.
+    let generation = state.coordinator_generation.max(0);
+    raw.write_abort_marker(&tp, pid, epoch, coordinator_id, generation)
+        .await?;
+    if json {
+        minibroker::outln!(
+            "{}",
+            json!({"topic": tp.topic, "partition": tp.partition, "producer_id": pid,
+                "aborted": true, "producer_epoch": epoch,
+                "first_offset": state.current_txn_start_offset})
+        );
+    } else {
+        minibroker::outln!(
+            "wrote an ABORT marker for PID {pid} on {tp} at epoch {epoch}: the transaction open since offset {} is aborted",
+            state.current_txn_start_offset
+        );
+    }
+    Ok(())
 }
 
 /// Every transactional id on every coordinator, optionally only in `states`.
