@@ -2,8 +2,8 @@
 //! ([`serve_http`], `GET /metrics`, the node binaries' `--metrics-listen`).
 //!
 //! One [`Metrics`] per node (an embedded cluster runs five nodes in one process, each with its
-//! own registry and endpoint). Every family is registered on every node, so a scrape always
-//! shows the same names; a coordinator's leader families simply stay empty.
+//! own registry and endpoint). Every family is registered on every node; a labelled family
+//! appears in a scrape once it has its first sample (a coordinator shows no leader families).
 //!
 //! | name | type | labels | what |
 //! |------|------|--------|------|
