@@ -337,6 +337,9 @@ view="$(wait_txn 60 "pid == $a_pid and epoch > $a_epoch")" \
   || die "B's InitProducerId did not bump the epoch (coordinator: $view)"
 read -r b_pid b_epoch b_state _ <<<"$view"
 say "      B's InitProducerId: the coordinator aborted A's open transaction and bumped the epoch"
+say "      why B starts at least 2 above A's $a_epoch: epoch $(( a_epoch + 1 )) was spent fencing A (the ABORT markers"
+say "      of A's open transaction carry it), and B's InitProducerId, retried once that abort completed,"
+say "      bumped once more to $(( a_epoch + 2 )); every commit of B since then bumps it again (one epoch per transaction)"
 say "      coordinator: PID $b_pid epoch $b_epoch state $b_state"
 check "B took over A's PID ($b_pid) with a higher epoch ($a_epoch -> $b_epoch; B is already committing)" \
   test "$b_pid" = "$a_pid" -a "$b_epoch" -gt "$a_epoch"

@@ -586,3 +586,94 @@ async fn produce_reads_keyed_records_from_stdin() {
     );
     cluster.shutdown().await.unwrap();
 }
+
+/// `transactions history ID`: every epoch the id went through, with its cause and the instance
+/// (client address) that caused it; the coordinator's own timeout abort too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_names_each_epoch_change_with_its_cause_and_instance() {
+    let cluster = EmbeddedCluster::start_with(EmbeddedOptions {
+        timeout_scan_interval: Duration::from_millis(50),
+        ..EmbeddedOptions::default()
+    })
+    .await
+    .unwrap();
+    let tp = TopicPartition::new("input", 2);
+    let config = cluster.client_config().with_transaction_timeout_ms(60_000);
+    // A: a new id, one committed transaction, then an open one.
+    let mut a = open_transaction(config.clone(), "story", 60_000, &tp).await;
+    a.commit_transaction().await.unwrap();
+    a.begin_transaction().unwrap();
+    a.send_and_wait("input", 2, "A-open").await.unwrap();
+    // B takes over: fences A (and aborts its transaction), then bumps again.
+    let mut b = TransactionalProducer::connect(config.clone().with_transactional_id("story"))
+        .await
+        .unwrap();
+    b.init_transactions().await.unwrap();
+    // B opens a transaction with a 100 ms timeout and leaves it: the coordinator aborts it.
+    drop(b);
+    let mut c = TransactionalProducer::connect(
+        config
+            .clone()
+            .with_transactional_id("story")
+            .with_transaction_timeout_ms(100),
+    )
+    .await
+    .unwrap();
+    c.init_transactions().await.unwrap();
+    c.begin_transaction().unwrap();
+    c.send_and_wait("input", 2, "C-open").await.unwrap();
+
+    let topology = cluster.topology_path().to_path_buf();
+    let history = eventually_within(Duration::from_secs(10), "the timeout is recorded", || {
+        let mut command = minibroker();
+        command
+            .args(["transactions", "history", "story", "--json", "--topology"])
+            .arg(&topology);
+        async move {
+            let out = run(command).await;
+            let doc: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let history = doc["history"].as_array()?.clone();
+            history
+                .last()
+                .is_some_and(|c| c["cause"] == "timeout")
+                .then_some(history)
+        }
+    })
+    .await;
+    let causes: Vec<&str> = history
+        .iter()
+        .map(|c| c["cause"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        causes,
+        vec![
+            "new_producer_id", // A
+            "end_txn",         // A's commit
+            "new_instance",    // B fences A: A's transaction aborted at the next epoch
+            "new_instance",    // B's InitProducerId, retried once the abort completed
+            "new_instance",    // C (a third instance) takes over from B
+            "timeout",         // the coordinator aborts C's transaction
+        ],
+        "{history:#?}"
+    );
+    let epochs: Vec<i64> = history
+        .iter()
+        .map(|c| c["producer_epoch"].as_i64().unwrap())
+        .collect();
+    assert_eq!(epochs, vec![0, 1, 2, 3, 4, 5]);
+    let instance = |i: usize| history[i]["instance"].as_str().unwrap().to_string();
+    assert_eq!(
+        instance(0),
+        instance(1),
+        "A's requests come from one address"
+    );
+    assert_eq!(
+        instance(2),
+        instance(3),
+        "B's requests come from one address"
+    );
+    assert_ne!(instance(0), instance(2), "A and B are different instances");
+    assert!(instance(0).starts_with("127.0.0.1:"), "{}", instance(0));
+    assert_eq!(instance(5), "coordinator");
+    cluster.shutdown().await.unwrap();
+}

@@ -10,6 +10,7 @@ use proto::transaction_coordinator_server::TransactionCoordinator;
 use tonic::{Request, Response, Status};
 use tracing::{debug, instrument};
 
+use super::state::REQUESTER;
 use super::{wire, Shared};
 use crate::core::ProducerIdAndEpoch;
 use crate::error::{code_of, error_code};
@@ -24,6 +25,13 @@ impl CoordinatorService {
     pub(super) fn new(shared: Arc<Shared>) -> Self {
         Self { shared }
     }
+}
+
+/// The address a request came from, as the epoch history names the instance.
+fn requester<T>(request: &Request<T>) -> String {
+    request
+        .remote_addr()
+        .map_or_else(|| "unknown".to_string(), |a| a.to_string())
 }
 
 /// "No (PID, epoch)" in a reply that carries one.
@@ -48,8 +56,13 @@ impl TransactionCoordinator for CoordinatorService {
                 .unwrap_or_default(),
             request.get_ref().expected_producer_id,
         );
+        let requester = requester(&request);
         let result = match wire::init_producer_id(request.into_inner(), max_timeout) {
-            Ok(request) => s.init_producer_id(request).await,
+            Ok(request) => {
+                REQUESTER
+                    .scope(requester, s.init_producer_id(request))
+                    .await
+            }
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
@@ -168,8 +181,13 @@ impl TransactionCoordinator for CoordinatorService {
             request.get_ref().transactional_id.clone(),
             request.get_ref().producer_id,
         );
+        let requester = requester(&request);
         let result = match wire::end_txn(request.into_inner()) {
-            Ok((caller, result)) => self.shared.end_txn(caller, result).await,
+            Ok((caller, result)) => {
+                REQUESTER
+                    .scope(requester, self.shared.end_txn(caller, result))
+                    .await
+            }
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);

@@ -23,6 +23,13 @@ use crate::core::{self, Outcome, PidAllocator, ProducerIdAndEpoch, TxnError, Txn
 use crate::core::{TxnResult, TxnState};
 use crate::Error;
 
+tokio::task_local! {
+    /// Who sent the request being handled (its address): set by the gRPC handlers that can
+    /// change an epoch, read when the change is recorded in the id's history. Unset in the
+    /// coordinator's own tasks (the timeout scan): "coordinator".
+    pub(super) static REQUESTER: String;
+}
+
 /// A core step's answer that may ask for a fresh PID ([`TxnError::NeedProducerId`]).
 trait NeedsPid {
     fn needs_pid(&self) -> bool;
@@ -171,15 +178,23 @@ impl Shared {
         stored: &mut Option<TxnMetadata>,
         outcome: Outcome,
     ) -> Result<ProducerIdAndEpoch, Error> {
-        if let Some(next) = outcome.persist {
+        if let Some(mut next) = outcome.persist {
+            // The epoch history is stored with the change it records (bounded).
+            let cause = bump_cause(stored.as_ref(), &next);
+            let now = now_ms();
+            if let Some(cause) = cause {
+                let requester = REQUESTER
+                    .try_with(|r| r.clone())
+                    .unwrap_or_else(|_| "coordinator".to_string());
+                next.record_epoch_change(cause.name(), &requester, now);
+            }
             let value = next.clone();
             let started = Instant::now();
             self.blocking(move |s| s.put_txn(&value)).await?;
             let metrics = &self.config.metrics;
             metrics.flushed("coordinator", started.elapsed());
-            let cause = bump_cause(stored.as_ref(), &next);
             log_transition(stored.as_ref(), &next, cause);
-            observe_transition(metrics, stored.as_ref(), &next, cause, now_ms());
+            observe_transition(metrics, stored.as_ref(), &next, cause, now);
             *stored = Some(next);
         }
         if let Some(job) = outcome.markers {

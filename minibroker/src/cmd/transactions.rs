@@ -38,6 +38,12 @@ pub enum TransactionsCommand {
         /// The transactional id.
         id: String,
     },
+    /// Every epoch a transactional id went through: cause, time, and the instance (client
+    /// address) that caused it (the last 64, kept in `__transaction_state`).
+    History {
+        /// The transactional id.
+        id: String,
+    },
     /// Transactions that hold read_committed readers back with nobody to end them.
     FindHanging,
     /// End a hanging transaction: by transactional id (through its coordinator, fencing its
@@ -99,6 +105,7 @@ pub async fn run(
     match command {
         TransactionsCommand::List { states } => list(&admin, states, json).await?,
         TransactionsCommand::Describe { id } => describe(&admin, &id, json).await?,
+        TransactionsCommand::History { id } => history(&admin, &id, json).await?,
         TransactionsCommand::FindHanging => {
             let hanging = find_hanging(&admin).await?;
             print_hanging(&hanging, json)?;
@@ -126,6 +133,67 @@ pub async fn run(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `history ID`: the id's epoch changes, oldest first.
+async fn history(admin: &Admin, id: &str, json: bool) -> anyhow::Result<()> {
+    let d = admin.describe_transaction(id).await?;
+    if json {
+        let changes: Vec<_> = d
+            .history
+            .iter()
+            .map(|c| {
+                json!({"producer_id": c.producer_id, "producer_epoch": c.producer_epoch,
+                    "cause": c.cause, "at_ms": c.at_ms, "instance": c.instance})
+            })
+            .collect();
+        minibroker::outln!(
+            "{}",
+            json!({"transactional_id": d.transactional_id, "coordinator_id": d.coordinator_id,
+                "history": changes})
+        );
+        return Ok(());
+    }
+    minibroker::outln!(
+        "{:<24} {:>8} {:>6}  {:<16} {}",
+        "AT (UTC)",
+        "PID",
+        "EPOCH",
+        "CAUSE",
+        "INSTANCE"
+    );
+    for c in &d.history {
+        minibroker::outln!(
+            "{:<24} {:>8} {:>6}  {:<16} {}",
+            utc(c.at_ms),
+            c.producer_id,
+            c.producer_epoch,
+            c.cause,
+            c.instance
+        );
+    }
+    Ok(())
+}
+
+/// `ms` since 1970 as `YYYY-MM-DD HH:MM:SS.mmm` (UTC; the civil-from-days algorithm).
+fn utc(ms: i64) -> String {
+    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:03}",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
 }
 
 /// A hanging transaction, as `find-hanging` reports it.
@@ -449,4 +517,14 @@ async fn describe(admin: &Admin, id: &str, json: bool) -> anyhow::Result<()> {
         minibroker::outln!("open for           {} ms", d.age_ms);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00:00.000");
+        assert_eq!(super::utc(951_782_400_123), "2000-02-29 00:00:00.123");
+        assert_eq!(super::utc(1_764_598_861_001), "2025-12-01 14:21:01.001");
+    }
 }
