@@ -677,3 +677,38 @@ async fn history_names_each_epoch_change_with_its_cause_and_instance() {
     assert_eq!(instance(5), "coordinator");
     cluster.shutdown().await.unwrap();
 }
+
+/// `consume` against a partition whose leader is down says so and ends, instead of waiting for
+/// ever with nothing printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_names_a_silent_leader_instead_of_hanging() {
+    let mut cluster = EmbeddedCluster::start().await.unwrap();
+    let leader = cluster
+        .topology()
+        .leader_for("input", 1)
+        .map(|n| n.id)
+        .unwrap();
+    cluster.kill(leader).await.unwrap();
+    let mut command = minibroker();
+    command
+        .args([
+            "consume",
+            "--from-beginning",
+            "--timeout",
+            "0.5",
+            "--topology",
+        ])
+        .arg(cluster.topology_path());
+    let started = Instant::now();
+    let out = run(command).await;
+    let took = started.elapsed();
+    assert!(!out.status.success());
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let err = text(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("input-1 (leader {leader} at")),
+        "{err}"
+    );
+    cluster.shutdown().await.unwrap();
+}

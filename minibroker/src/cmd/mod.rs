@@ -194,7 +194,10 @@ pub async fn dispatch(command: Command, target: Target, json: bool) -> anyhow::R
             dev::run(args, json).await
         }
         Command::Produce(args) => produce::run(target.connect().await?, args, json).await,
-        Command::Consume(args) => consume::run(target.connect().await?, args, json).await,
+        Command::Consume(args) => {
+            let timeout = target.timeout_duration();
+            consume::run(target.connect().await?, args, json, timeout).await
+        }
         Command::Transactions { command } => {
             transactions::run(target.connect().await?, command, json).await
         }
