@@ -327,10 +327,13 @@ say "      A's open transaction: records A-$(( a_committed_txns * a_per_txn )) o
 
 # ================================================================================================
 step "3. Producer instance B: the same transactional id, in a new container"
-# Sized from A's rate: as many records as A writes in 20 s. With 10 instead of 50 records per
-# transaction B is slower, and the crashes hold it up: it runs long enough for steps 5 and 6.
-b_records=$(awk -v r="$rate" -v n="$a_per_txn" -v m="$per_txn" 'BEGIN { x = int(r * n * 20); if (x < 3000) x = 3000; if (x > 40000) x = 40000; print x - x % m }')
-produce_b=(--json produce --topic "$topic" --transactional-id "$txn_id" --records "$b_records" --per-txn "$per_txn" --value-prefix B)
+# B is paced too, so that it is still running (and mid-transaction often) during steps 5 and 6
+# however fast the machine: at most 300 records/s (30 transactions/s), and as many records as A
+# writes in 20 s, but at least 45 s of B (an unpaced B commits 100+ transactions/s and could be
+# done before step 6).
+b_rate=300
+b_records=$(awk -v r="$rate" -v n="$a_per_txn" -v m="$per_txn" -v b="$b_rate" 'BEGIN { x = int(r * n * 20); if (x < b * 45) x = b * 45; if (x > 40000) x = 40000; print x - x % m }')
+produce_b=(--json produce --topic "$topic" --transactional-id "$txn_id" --records "$b_records" --per-txn "$per_txn" --throughput "$b_rate" --value-prefix B)
 b="$(mb_start producer-b "${produce_b[@]}")"
 say "container $b: minibroker ${produce_b[*]}"
 view="$(wait_txn 60 "pid == $a_pid and epoch > $a_epoch")" \

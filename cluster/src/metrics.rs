@@ -279,6 +279,12 @@ impl Metrics {
             .inc();
     }
 
+    /// Forgets the per-state counts (a coordinator that (re)loads its state counts it afresh;
+    /// in an embedded cluster the registry outlives a node's restart).
+    pub fn reset_transaction_states(&self) {
+        self.inner.transactions.clear();
+    }
+
     /// Moves one transactional id from state `from` (none: a new id) to state `to`.
     pub fn transaction_state(&self, from: Option<&str>, to: &str) {
         if from == Some(to) {

@@ -61,6 +61,14 @@
 //! connections, stop and join every background task, flush, and close sled
 //! ([`cluster::node::close_sled`]: its lock file is released when [`serve`] returns).
 //!
+//! Operations: beside `Cluster` and `TransactionCoordinator` the server carries the standard
+//! gRPC health service ([`cluster::health`]: NOT_SERVING until the state is loaded and from the
+//! moment the coordinator starts stopping) and server reflection. Every handler counts its answer
+//! in [`CoordinatorConfig::metrics`] (by API and error code, fenced ones by id and PID); `state`
+//! counts each durable transition (state gauge, epoch bumps by cause, transaction and marker
+//! durations, flush latency) and records epoch changes in the id's bounded history, naming the
+//! requester (its address, from the `REQUESTER` task-local the handlers set).
+//!
 //! CAVEATS: DescribeTransactions answers INVALID_PRODUCER_ID_MAPPING for an unknown id (Kafka's
 //! TRANSACTIONAL_ID_NOT_FOUND is not in the proto); ids and group locks are never expired from
 //! memory; a marker writer stopped by a permanent error leaves its id in Prepare*

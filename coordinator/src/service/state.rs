@@ -95,6 +95,7 @@ impl Shared {
         ));
         let mut resume = Vec::new();
         let mut owned = 0;
+        self.config.metrics.reset_transaction_states();
         {
             let mut map = lock(&self.txns);
             for meta in snapshot.txns {

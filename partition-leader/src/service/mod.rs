@@ -21,6 +21,11 @@
 //! read waits on the partition's `Notify` (woken by every write) up to `max_wait_ms`, capped at
 //! [`MAX_WAIT_CAP`], and is released at once on shutdown.
 //!
+//! Operations: the server also carries the standard gRPC health service (SERVING once the
+//! partitions are loaded, NOT_SERVING when one goes offline or the leader stops) and server
+//! reflection; the handlers count every answer in [`LeaderConfig::metrics`], and each durable
+//! write its flush latency, its size and the partition's LSO lag.
+//!
 //! CAVEATS: no quotas, no fetch sessions, no follower replication (NOT_LEADER_OR_FOLLOWER only
 //! reflects the static topology).
 
