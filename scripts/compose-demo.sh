@@ -25,6 +25,9 @@
 #   5. a partition leader is crashed mid-transaction; it restarts with its log and producer state;
 #   6. a read_committed consumer reads everything back: every committed record exactly once,
 #      nothing of A's aborted transaction. The verdict is printed; non-zero exit on violation.
+# The takeover is also drawn as an SVG sequence diagram from the id's epoch history
+# (`minibroker transactions history --svg`), to target/compose-demo-timeline.svg
+# (COMPOSE_DEMO_TIMELINE to change it).
 # Needs bash, docker, docker compose or docker-compose, python3, readelf; root for step 4's
 # firewall rule (see docker/README.md).
 set -euo pipefail
@@ -59,6 +62,8 @@ txn_id="${DEMO_TRANSACTIONAL_ID:-payments-app}"
 topic="demo"
 label="org.minibroker.demo=$project"
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/compose-demo.XXXXXX")"
+# Where the takeover picture goes (kept after the run).
+timeline_svg="${COMPOSE_DEMO_TIMELINE:-$repo/target/compose-demo-timeline.svg}"
 
 # ------------------------------------------------------------------------------------------------
 # Output: a timeline with seconds since the start, and a tally of checks.
@@ -346,6 +351,11 @@ say "      bumped once more to $(( a_epoch + 2 )); every commit of B since then 
 say "      coordinator: PID $b_pid epoch $b_epoch state $b_state"
 check "B took over A's PID ($b_pid) with a higher epoch ($a_epoch -> $b_epoch; B is already committing)" \
   test "$b_pid" = "$a_pid" -a "$b_epoch" -gt "$a_epoch"
+# The takeover as a picture, drawn from the id's epoch history at the coordinator (kept bounded:
+# drawn now, while the fence is among its last changes).
+if mkdir -p "$(dirname "$timeline_svg")" && mb transactions history "$txn_id" --svg - >"$timeline_svg" 2>/dev/null; then
+  say "      the takeover as a sequence diagram (epoch history at the coordinator): $timeline_svg"
+fi
 if ls0="$(leader_state 0)" && [[ -n "$ls0" ]]; then
   say "      leader-1 ($topic-0) holds producer $pid at $ls0: A's epoch $a_epoch is stale there too"
 fi

@@ -675,6 +675,29 @@ async fn history_names_each_epoch_change_with_its_cause_and_instance() {
     assert_ne!(instance(0), instance(2), "A and B are different instances");
     assert!(instance(0).starts_with("127.0.0.1:"), "{}", instance(0));
     assert_eq!(instance(5), "coordinator");
+
+    // The same history as a picture: the fence of A is drawn, and it parses as SVG.
+    let mut command = minibroker();
+    command
+        .args([
+            "transactions",
+            "history",
+            "story",
+            "--svg",
+            "-",
+            "--topology",
+        ])
+        .arg(&topology);
+    let out = run(command).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let svg = text(&out.stdout);
+    let doc = roxmltree::Document::parse(&svg).expect("the history parses as XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let fences = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("fence"))
+        .count();
+    assert_eq!(fences, 2, "B fences A, C fences B: {svg}");
     cluster.shutdown().await.unwrap();
 }
 

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use clap::{Subcommand, ValueEnum};
+use minibroker::demo::timeline::{history_timeline, HistoryEntry};
 use producer_client::{Admin, ClientConfig, RawRequests, TopicPartition};
 use serde_json::json;
 
@@ -43,6 +44,10 @@ pub enum TransactionsCommand {
     History {
         /// The transactional id.
         id: String,
+        /// Also draw it as an SVG sequence diagram to this file (`-`: stdout, instead of the
+        /// table).
+        #[arg(long, value_name = "FILE.svg")]
+        svg: Option<std::path::PathBuf>,
     },
     /// Transactions that hold read_committed readers back with nobody to end them.
     FindHanging,
@@ -105,7 +110,7 @@ pub async fn run(
     match command {
         TransactionsCommand::List { states } => list(&admin, states, json).await?,
         TransactionsCommand::Describe { id } => describe(&admin, &id, json).await?,
-        TransactionsCommand::History { id } => history(&admin, &id, json).await?,
+        TransactionsCommand::History { id, svg } => history(&admin, &id, svg, json).await?,
         TransactionsCommand::FindHanging => {
             let hanging = find_hanging(&admin).await?;
             print_hanging(&hanging, json)?;
@@ -136,8 +141,34 @@ pub async fn run(
 }
 
 /// `history ID`: the id's epoch changes, oldest first.
-async fn history(admin: &Admin, id: &str, json: bool) -> anyhow::Result<()> {
+async fn history(
+    admin: &Admin,
+    id: &str,
+    svg: Option<std::path::PathBuf>,
+    json: bool,
+) -> anyhow::Result<()> {
     let d = admin.describe_transaction(id).await?;
+    if let Some(path) = svg {
+        let changes: Vec<HistoryEntry> = d
+            .history
+            .iter()
+            .map(|c| HistoryEntry {
+                producer_id: c.producer_id,
+                epoch: c.producer_epoch,
+                cause: c.cause.clone(),
+                instance: c.instance.clone(),
+            })
+            .collect();
+        let picture =
+            history_timeline(&format!("coordinator {}", d.coordinator_id), &changes).to_svg();
+        if path.as_os_str() == "-" {
+            minibroker::outln!("{}", picture.trim_end());
+            return Ok(());
+        }
+        std::fs::write(&path, picture)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        eprintln!("history of {id} drawn to {}", path.display());
+    }
     if json {
         let changes: Vec<_> = d
             .history

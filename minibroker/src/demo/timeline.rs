@@ -180,6 +180,127 @@ impl Timeline {
     }
 }
 
+/// One epoch change as `transactions history` reports it (DescribeTransactions' history).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryEntry {
+    /// The PID after the change.
+    pub producer_id: i64,
+    /// The epoch after the change.
+    pub epoch: i32,
+    /// Why (`new_producer_id`, `new_instance`, `kip360`, `end_txn`, `timeout`, `rotation`).
+    pub cause: String,
+    /// Who asked (a client address, or `coordinator`).
+    pub instance: String,
+}
+
+/// The epoch history of a transactional id as a timeline: one lane per instance (client
+/// address) in order of appearance, and the coordinator; a new instance's InitProducerId is
+/// drawn as the fence of the one before it, runs of commits by one instance as one arrow.
+/// This is the picture `transactions history ID --svg FILE` draws, e.g. at the end of the
+/// compose demo (where no in-process story exists to record requests one by one).
+pub fn history_timeline(coordinator: &str, changes: &[HistoryEntry]) -> Timeline {
+    let mut t = Timeline::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut lane_of = |t: &mut Timeline, instance: &str| -> String {
+        if instance == "coordinator" {
+            return coordinator.to_string();
+        }
+        let position = match names.iter().position(|n| n == instance) {
+            Some(i) => i,
+            None => {
+                names.push(instance.to_string());
+                names.len() - 1
+            }
+        };
+        let name = format!("instance {} ({instance})", position + 1);
+        t.lane(&name);
+        name
+    };
+    t.lane(coordinator);
+    let mut previous: Option<String> = None;
+    let mut i = 0;
+    while i < changes.len() {
+        let c = &changes[i];
+        let lane = lane_of(&mut t, &c.instance);
+        match c.cause.as_str() {
+            "end_txn" => {
+                // A run of commits/aborts by the same instance: one arrow.
+                let mut j = i;
+                while j + 1 < changes.len()
+                    && changes[j + 1].cause == "end_txn"
+                    && changes[j + 1].instance == c.instance
+                {
+                    j += 1;
+                }
+                let label = if j == i {
+                    format!("EndTxn -> epoch {}", c.epoch)
+                } else {
+                    format!(
+                        "EndTxn x{} -> epochs {}..{}",
+                        j - i + 1,
+                        c.epoch,
+                        changes[j].epoch
+                    )
+                };
+                t.arrow(&lane, coordinator, label, Kind::Request);
+                i = j;
+            }
+            "new_instance" => {
+                let fenced = previous.as_ref().filter(|p| **p != lane).cloned();
+                t.arrow(&lane, coordinator, "InitProducerId", Kind::Request);
+                match fenced {
+                    Some(old) => t.arrow(
+                        coordinator,
+                        &old,
+                        format!("fenced: epoch {} is the new instance's", c.epoch),
+                        Kind::Fence,
+                    ),
+                    None => t.note(
+                        coordinator,
+                        format!("epoch {} (open transaction aborted, or a retry)", c.epoch),
+                    ),
+                }
+                t.arrow(
+                    coordinator,
+                    &lane,
+                    format!("PID {}, epoch {}", c.producer_id, c.epoch),
+                    Kind::Reply,
+                );
+            }
+            "new_producer_id" => {
+                t.arrow(&lane, coordinator, "InitProducerId (new id)", Kind::Request);
+                t.arrow(
+                    coordinator,
+                    &lane,
+                    format!("PID {}, epoch {}", c.producer_id, c.epoch),
+                    Kind::Reply,
+                );
+            }
+            "kip360" => {
+                t.arrow(
+                    &lane,
+                    coordinator,
+                    format!("InitProducerId(expected) -> epoch {} (KIP-360)", c.epoch),
+                    Kind::Request,
+                );
+            }
+            "timeout" => t.note(
+                coordinator,
+                format!("timed out: aborted, epoch {}", c.epoch),
+            ),
+            other => t.note(
+                coordinator,
+                format!("{other}: PID {}, epoch {}", c.producer_id, c.epoch),
+            ),
+        }
+        if c.instance != "coordinator" {
+            previous = Some(lane);
+        }
+        i += 1;
+    }
+    t
+}
+
 /// Escapes text for an SVG text node or attribute.
 fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -209,6 +330,48 @@ mod tests {
         assert_eq!(t.lanes, vec!["A", "coordinator 1"]);
         assert_eq!(t.events().len(), 3);
         assert_eq!((t.events()[1].from, t.events()[1].to), (1, 0));
+    }
+
+    #[test]
+    fn a_history_draws_the_fence_of_the_older_instance() {
+        let entry = |epoch, cause: &str, instance: &str| HistoryEntry {
+            producer_id: 1,
+            epoch,
+            cause: cause.into(),
+            instance: instance.into(),
+        };
+        let t = history_timeline(
+            "coordinator 2",
+            &[
+                entry(0, "new_producer_id", "10.0.0.5:4000"),
+                entry(1, "end_txn", "10.0.0.5:4000"),
+                entry(2, "end_txn", "10.0.0.5:4000"),
+                entry(3, "new_instance", "10.0.0.6:5000"),
+                entry(4, "new_instance", "10.0.0.6:5000"),
+                entry(5, "end_txn", "10.0.0.6:5000"),
+                entry(6, "timeout", "coordinator"),
+            ],
+        );
+        assert_eq!(
+            t.lanes,
+            vec![
+                "coordinator 2",
+                "instance 1 (10.0.0.5:4000)",
+                "instance 2 (10.0.0.6:5000)"
+            ]
+        );
+        let fences: Vec<&Event> = t
+            .events()
+            .iter()
+            .filter(|e| e.kind == Kind::Fence)
+            .collect();
+        assert_eq!(fences.len(), 1, "{:?}", t.events());
+        assert_eq!((fences[0].from, fences[0].to), (0, 1));
+        assert!(t
+            .events()
+            .iter()
+            .any(|e| e.label == "EndTxn x2 -> epochs 1..2"));
+        assert!(t.to_svg().contains("timed out: aborted, epoch 6"));
     }
 
     #[test]
