@@ -334,12 +334,20 @@ async fn abort_on_stop(producer: &mut TransactionalProducer, id: &str) {
     if !producer.in_transaction() {
         return;
     }
-    match tokio::time::timeout(ABORT_ON_STOP, producer.abort_transaction()).await {
-        Ok(Ok(())) => eprintln!("{id}: the open transaction was aborted"),
-        Ok(Err(e)) => eprintln!("{id}: aborting the open transaction failed: {e}"),
-        Err(_) => eprintln!(
+    // A second ctrl-c (or SIGTERM) stops waiting: the coordinator's timeout ends it then.
+    let aborted = tokio::select! {
+        r = tokio::time::timeout(ABORT_ON_STOP, producer.abort_transaction()) => Some(r),
+        _ = stop_signal() => None,
+    };
+    match aborted {
+        Some(Ok(Ok(()))) => eprintln!("{id}: the open transaction was aborted"),
+        Some(Ok(Err(e))) => eprintln!("{id}: aborting the open transaction failed: {e}"),
+        Some(Err(_)) => eprintln!(
             "{id}: the abort was not acknowledged within {}s; the coordinator aborts the transaction at its timeout",
             ABORT_ON_STOP.as_secs()
+        ),
+        None => eprintln!(
+            "{id}: stopped again; not waiting for the abort (the coordinator aborts the transaction at its timeout)"
         ),
     }
 }

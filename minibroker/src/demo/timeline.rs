@@ -103,9 +103,17 @@ impl Timeline {
 
     /// The diagram as a standalone SVG document.
     pub fn to_svg(&self) -> String {
-        let width = 2 * MARGIN + self.lanes.len().max(1) * LANE_WIDTH;
+        // Wide enough for the longest lane name (bold, ~8 px a character at 12 px).
+        let lane_width = self
+            .lanes
+            .iter()
+            .map(|l| l.chars().count() * 8 + 30)
+            .max()
+            .unwrap_or(0)
+            .max(LANE_WIDTH);
+        let width = 2 * MARGIN + self.lanes.len().max(1) * lane_width;
         let height = HEADER + (self.events.len() + 1) * ROW + MARGIN;
-        let x = |lane: usize| MARGIN + lane * LANE_WIDTH + LANE_WIDTH / 2;
+        let x = |lane: usize| MARGIN + lane * lane_width + lane_width / 2;
         let mut svg = String::new();
         let _ = writeln!(
             svg,
@@ -122,8 +130,8 @@ impl Timeline {
             let _ = writeln!(
                 svg,
                 r##"<g class="lane"><rect x="{}" y="{MARGIN}" width="{}" height="28" rx="5" fill="#eef2f7" stroke="#445"/><text x="{cx}" y="{}" text-anchor="middle" font-weight="bold">{}</text><line x1="{cx}" y1="{}" x2="{cx}" y2="{}" stroke="#99a" stroke-dasharray="4 4"/></g>"##,
-                cx - LANE_WIDTH / 2 + 10,
-                LANE_WIDTH - 20,
+                cx - lane_width / 2 + 10,
+                lane_width - 20,
                 MARGIN + 19,
                 escape(lane),
                 MARGIN + 28,
@@ -149,13 +157,16 @@ impl Timeline {
                 Kind::Note => "note",
             };
             if e.kind == Kind::Note {
-                let cx = x(e.from);
-                let w = (e.label.chars().count() * 7 + 16).min(2 * LANE_WIDTH - 20);
+                // Centred on its lane, kept inside the picture.
+                let w = e.label.chars().count() * 7 + 16;
+                let left = x(e.from)
+                    .saturating_sub(w / 2)
+                    .clamp(2, width.saturating_sub(w + 2).max(2));
                 let _ = writeln!(
                     svg,
-                    r##"<g class="{class}"><rect x="{}" y="{}" width="{w}" height="22" rx="4" fill="#fff8dc" stroke="#b8a040"/><text x="{cx}" y="{}" text-anchor="middle">{}</text></g>"##,
-                    cx.saturating_sub(w / 2),
+                    r##"<g class="{class}"><rect x="{left}" y="{}" width="{w}" height="22" rx="4" fill="#fff8dc" stroke="#b8a040"/><text x="{}" y="{}" text-anchor="middle">{}</text></g>"##,
                     y - 15,
+                    left + w / 2,
                     y,
                     escape(&e.label)
                 );
@@ -252,12 +263,12 @@ pub fn history_timeline(coordinator: &str, changes: &[HistoryEntry]) -> Timeline
                     Some(old) => t.arrow(
                         coordinator,
                         &old,
-                        format!("fenced: epoch {} is the new instance's", c.epoch),
+                        format!("fenced at epoch {}", c.epoch),
                         Kind::Fence,
                     ),
                     None => t.note(
                         coordinator,
-                        format!("epoch {} (open transaction aborted, or a retry)", c.epoch),
+                        format!("bumped again once the abort completed: epoch {}", c.epoch),
                     ),
                 }
                 t.arrow(
