@@ -1,5 +1,7 @@
 //! The `partition-leader` binary: flags (with environment fallbacks), tracing, and
-//! [`partition_leader::serve`] until SIGTERM or ctrl-c.
+//! [`partition_leader::serve`] until SIGTERM or ctrl-c. `--metrics-listen ADDR` (METRICS_LISTEN)
+//! serves Prometheus metrics at `/metrics`; logs go to stderr (RUST_LOG, `--log-format
+//! text|json` or LOG_FORMAT).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,7 +10,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use partition_leader::LeaderConfig;
-use tracing_subscriber::EnvFilter;
 
 /// A mini-broker partition leader.
 #[derive(Debug, Parser)]
@@ -32,6 +33,12 @@ struct Args {
     /// Largest record accepted, in bytes.
     #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = 1024 * 1024)]
     max_record_bytes: usize,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 0.0.0.0:9404.
+    #[arg(long, env = "METRICS_LISTEN")]
+    metrics_listen: Option<String>,
+    /// Log lines as text or json (always on stderr).
+    #[arg(long, env = "LOG_FORMAT", default_value_t = cluster::logs::LogFormat::Text)]
+    log_format: cluster::logs::LogFormat,
     /// DANGER: do not fence older epochs at this leader (demonstrates that the checker catches it).
     #[arg(long, env = "UNSAFE_SKIP_EPOCH_CHECK", hide = true)]
     unsafe_skip_epoch_check: bool,
@@ -45,12 +52,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
     let args = Args::parse();
+    cluster::logs::init(args.log_format, "info");
     let topology = cluster::Topology::load(&args.topology)
         .with_context(|| format!("loading topology {}", args.topology.display()))?;
     if topology.leader(args.node_id).is_none() {
@@ -76,6 +79,21 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    partition_leader::serve(config, listener, cluster::node::shutdown_signal()).await?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    if let Some(address) = &args.metrics_listen {
+        let (bound, _) =
+            cluster::metrics::spawn_endpoint(address, config.metrics.clone(), stopped.clone())
+                .await?;
+        tracing::info!(address = %bound, "metrics at /metrics");
+    }
+    tokio::spawn(async move {
+        cluster::node::shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let mut stopped = stopped.clone();
+    partition_leader::serve(config, listener, async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    })
+    .await?;
     Ok(())
 }

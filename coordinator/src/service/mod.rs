@@ -75,6 +75,14 @@
 //! and join its writer (after the marker tasks, which may still queue a completion), flush, and close sled
 //! ([`cluster::node::close_sled`]: its lock file is released when [`serve`] returns).
 //!
+//! Operations: beside `Cluster` and `TransactionCoordinator` the server carries the standard
+//! gRPC health service ([`cluster::health`]: NOT_SERVING until the state is loaded and from the
+//! moment the coordinator starts stopping) and server reflection. Every handler counts its answer
+//! in [`CoordinatorConfig::metrics`] (by API and error code, fenced ones by id and PID); `state`
+//! counts each durable transition (state gauge, epoch bumps by cause, transaction and marker
+//! durations, flush latency) and records epoch changes in the id's bounded history, naming the
+//! requester (its address, from the `REQUESTER` task-local the handlers set).
+//!
 //! CAVEATS: DescribeTransactions answers INVALID_PRODUCER_ID_MAPPING for an unknown id (Kafka's
 //! TRANSACTIONAL_ID_NOT_FOUND is not in the proto); ids and group locks are never expired from
 //! memory; a marker writer stopped by a permanent error leaves its id in Prepare*
@@ -97,6 +105,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cluster::auth::{ClusterSecret, Credentials};
+use cluster::health::{self, NodeHealth, COORDINATOR_SERVICE};
+use cluster::metrics::Metrics;
 use cluster::node::{self, lock};
 use cluster::{ClusterService, NodeId, Topology};
 use proto::transaction_coordinator_server::TransactionCoordinatorServer;
@@ -139,10 +149,12 @@ pub struct CoordinatorConfig {
     /// PrepareAbort) waits for them to complete before it is answered CONCURRENT_TRANSACTIONS
     /// (default 5s, half the client's request timeout; zero answers at once).
     pub max_prepare_wait: Duration,
+    /// Where this node counts what it does (serve them with [`cluster::metrics::serve_http`]).
+    pub metrics: Metrics,
 }
 
 impl CoordinatorConfig {
-    /// A config with the defaults.
+    /// A config with the defaults (and a fresh [`Metrics`] registry).
     pub fn new(
         node_id: NodeId,
         data_dir: impl Into<std::path::PathBuf>,
@@ -158,6 +170,7 @@ impl CoordinatorConfig {
             cluster_secret: None,
             peer_check_interval: Duration::from_secs(1),
             max_prepare_wait: DEFAULT_MAX_PREPARE_WAIT,
+            metrics: Metrics::new(),
         }
     }
 
@@ -245,7 +258,19 @@ pub async fn serve_with_storage(
         let _ = stop_tx.send(true);
     });
     let mut server_stop = shared.stop.subscribe();
+    // NOT_SERVING until loaded, and again from the moment the coordinator starts stopping.
+    let (health, health_service) = NodeHealth::new(COORDINATOR_SERVICE).await;
+    let reflection = health::reflection(COORDINATOR_SERVICE)
+        .map_err(|e| Error::Config(format!("reflection: {e}")))?;
+    let mut stopping = shared.stop.subscribe();
+    let unhealthy = health.clone();
+    tokio::spawn(async move {
+        let _ = stopping.wait_for(|stopped| *stopped).await;
+        unhealthy.set_serving(false).await;
+    });
     let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
         .add_service(ClusterService::new(topology).into_server())
         .add_service(TransactionCoordinatorServer::new(
             grpc::CoordinatorService::new(shared.clone()),
@@ -264,6 +289,9 @@ pub async fn serve_with_storage(
         error!(node_id = shared.node_id, error = %e, "loading transaction state failed; stopping");
         let _ = shared.stop.send(true);
     } else {
+        if !shared.stopping() {
+            health.set_serving(true).await;
+        }
         let scan = shared.clone();
         shared.spawn(async move { scan.timeout_scan().await });
     }
@@ -341,6 +369,14 @@ struct Shared {
 }
 
 impl Shared {
+    /// Counts one answered request in the node's metrics (by API and error code; a fenced one
+    /// by transactional id and PID too).
+    fn count(&self, request: &str, error_code: i32, txn_id: &str, pid: cluster::ProducerId) {
+        self.config
+            .metrics
+            .request(request, error_code, txn_id, pid);
+    }
+
     fn generation(&self) -> i64 {
         self.generation.load(Ordering::Acquire)
     }

@@ -10,6 +10,9 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use std::time::{Duration, Instant};
+
+use cluster::metrics::{EpochBumpCause, Metrics};
 use cluster::node::{lock, now_ms};
 use cluster::{ProducerId, TopicPartition};
 use tracing::{debug, info, warn};
@@ -19,6 +22,13 @@ use super::{IdSlot, Shared, Slot};
 use crate::core::{self, Outcome, PidAllocator, ProducerIdAndEpoch, TxnError, TxnMetadata};
 use crate::core::{TxnResult, TxnState};
 use crate::Error;
+
+tokio::task_local! {
+    /// Who sent the request being handled (its address): set by the gRPC handlers that can
+    /// change an epoch, read when the change is recorded in the id's history. Unset in the
+    /// coordinator's own tasks (the timeout scan): "coordinator".
+    pub(super) static REQUESTER: String;
+}
 
 /// A core step's answer that may ask for a fresh PID ([`TxnError::NeedProducerId`]).
 trait NeedsPid {
@@ -87,6 +97,7 @@ impl Shared {
         ));
         let mut resume = Vec::new();
         let mut owned = 0;
+        self.config.metrics.reset_transaction_states();
         {
             let mut map = lock(&self.txns);
             for meta in snapshot.txns {
@@ -94,6 +105,9 @@ impl Shared {
                     continue;
                 }
                 owned += 1;
+                self.config
+                    .metrics
+                    .transaction_state(None, meta.state.name());
                 if let Some(job) = meta.pending_markers() {
                     resume.push(job);
                 }
@@ -155,9 +169,22 @@ impl Shared {
         stored: &mut Option<TxnMetadata>,
         outcome: Outcome,
     ) -> Result<ProducerIdAndEpoch, Error> {
-        if let Some(next) = outcome.persist {
+        if let Some(mut next) = outcome.persist {
+            // The epoch history is stored with the change it records (bounded).
+            let cause = bump_cause(stored.as_ref(), &next);
+            let now = now_ms();
+            if let Some(cause) = cause {
+                let requester = REQUESTER
+                    .try_with(|r| r.clone())
+                    .unwrap_or_else(|_| "coordinator".to_string());
+                next.record_epoch_change(cause.name(), &requester, now);
+            }
+            let started = Instant::now();
             self.commit.put_txn(next.clone()).await?;
-            log_transition(stored.as_ref(), &next);
+            let metrics = &self.config.metrics;
+            metrics.flushed("coordinator", started.elapsed());
+            log_transition(stored.as_ref(), &next, cause);
+            observe_transition(metrics, stored.as_ref(), &next, cause, now);
             *stored = Some(next);
         }
         if let Some(job) = outcome.markers {
@@ -401,34 +428,91 @@ impl Shared {
     }
 }
 
-/// Logs a durable transition at the level an operator needs (PROTOCOL.md's state changes at
-/// info, per-request updates at debug).
-fn log_transition(old: Option<&TxnMetadata>, new: &TxnMetadata) {
+/// What moved the epoch (or the PID) from `old` to `new`, if anything did. Read from the two
+/// stored states alone: a fence is an abort of an Ongoing transaction with `last_epoch` -1 (the
+/// new instance's InitProducerId, PROTOCOL.md section 4 step 6) or a bump from a settled state
+/// with `last_epoch` -1 (step 7); KIP-360 recovery is a settled bump that kept `last_epoch`. An
+/// EndTxn(ABORT) and a KIP-360 recovery of an open transaction store the same thing and are
+/// both counted as `end_txn`.
+pub(super) fn bump_cause(old: Option<&TxnMetadata>, new: &TxnMetadata) -> Option<EpochBumpCause> {
+    let Some(old) = old else {
+        return Some(EpochBumpCause::NewProducerId);
+    };
+    let (before, after) = (old.client_identity(), new.client_identity());
+    if before == after {
+        return None;
+    }
+    if before.producer_id != after.producer_id {
+        return Some(EpochBumpCause::Rotation);
+    }
+    Some(match (old.state, new.state) {
+        (TxnState::Ongoing, TxnState::PrepareAbort) if new.timed_out => EpochBumpCause::Timeout,
+        (TxnState::Ongoing, TxnState::PrepareAbort) if new.last_epoch == -1 => {
+            EpochBumpCause::NewInstance
+        }
+        (_, TxnState::Empty) if new.last_epoch == -1 => EpochBumpCause::NewInstance,
+        (_, TxnState::Empty) => EpochBumpCause::Kip360,
+        _ => EpochBumpCause::EndTxn,
+    })
+}
+
+/// Counts a durable transition in the node's metrics: the state gauge, the epoch bump and its
+/// cause, and for a completed transaction how long it was open and how long its markers took.
+fn observe_transition(
+    metrics: &Metrics,
+    old: Option<&TxnMetadata>,
+    new: &TxnMetadata,
+    cause: Option<EpochBumpCause>,
+    now: i64,
+) {
+    metrics.transaction_state(old.map(|o| o.state.name()), new.state.name());
+    if let Some(cause) = cause {
+        metrics.epoch_bump(cause);
+    }
+    let Some(old) = old else { return };
+    let result = match (old.state, new.state) {
+        (TxnState::PrepareCommit, TxnState::CompleteCommit) => "commit",
+        (TxnState::PrepareAbort, TxnState::CompleteAbort) => "abort",
+        _ => return,
+    };
+    let ms = |from: i64| Duration::from_millis(u64::try_from(now - from).unwrap_or(0));
+    let open_for = if old.txn_start_ms >= 0 {
+        ms(old.txn_start_ms)
+    } else {
+        Duration::ZERO
+    };
+    metrics.transaction_completed(result, open_for, ms(old.last_update_ms));
+}
+
+/// Logs a durable transition at the level an operator needs: a new producer id, a fence, a
+/// timeout, a KIP-360 recovery and a PID rotation at info with their cause; what every
+/// transaction does (begin, prepare, complete) at debug.
+fn log_transition(old: Option<&TxnMetadata>, new: &TxnMetadata, cause: Option<EpochBumpCause>) {
     let txn_id = &new.transactional_id;
     let id = new.client_identity();
     let (pid, epoch, state) = (id.producer_id, id.epoch, new.state.name());
     let Some(old) = old else {
-        info!(%txn_id, pid, epoch, state, "new transactional id: producer id allocated");
+        info!(%txn_id, pid, epoch, state, cause = "new_producer_id", "new transactional id: producer id allocated");
         return;
     };
-    if old.state == new.state && old.client_identity() == id {
-        debug!(%txn_id, pid, epoch, state, "transaction updated");
-        return;
-    }
     let from = old.state.name();
-    match new.state {
-        TxnState::PrepareAbort if new.timed_out => {
-            info!(%txn_id, pid, epoch, state, from, "transaction timed out: fenced, aborting")
+    match cause {
+        Some(EpochBumpCause::NewInstance) if new.state == TxnState::PrepareAbort => {
+            info!(%txn_id, pid, epoch, state, from, cause = "new_instance", fenced_epoch = old.producer_epoch,
+                  "fencing an older instance: aborting its transaction")
         }
-        TxnState::PrepareAbort if old.state == TxnState::Ongoing && new.last_epoch == -1 => {
-            info!(%txn_id, pid, epoch, state, from, "fencing an older instance: aborting its transaction")
+        Some(EpochBumpCause::NewInstance) => {
+            info!(%txn_id, pid, epoch, state, from, cause = "new_instance", fenced_epoch = old.producer_epoch,
+                  "new instance: producer epoch bumped, older instances fenced")
         }
-        TxnState::CompleteCommit => info!(%txn_id, pid, epoch, state, "transaction committed"),
-        TxnState::CompleteAbort => info!(%txn_id, pid, epoch, state, "transaction aborted"),
-        TxnState::Ongoing => debug!(%txn_id, pid, epoch, state, from, "transaction started"),
-        _ if old.client_identity() != id => {
-            info!(%txn_id, pid, epoch, state, from, "producer epoch bumped")
+        Some(EpochBumpCause::Timeout) => {
+            info!(%txn_id, pid, epoch, state, from, cause = "timeout", "transaction timed out: fenced, aborting")
         }
-        _ => info!(%txn_id, pid, epoch, state, from, "transaction state change"),
+        Some(cause @ (EpochBumpCause::Kip360 | EpochBumpCause::Rotation)) => {
+            info!(%txn_id, pid, epoch, state, from, %cause, previous_pid = old.producer_id,
+                  previous_epoch = old.producer_epoch, "producer epoch bumped")
+        }
+        Some(cause) => debug!(%txn_id, pid, epoch, state, from, %cause, "producer epoch bumped"),
+        None => debug!(%txn_id, pid, epoch, state, from, "transaction state change"),
     }
 }

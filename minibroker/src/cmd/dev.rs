@@ -1,5 +1,6 @@
-//! `minibroker dev`: an embedded cluster in the foreground until ctrl-c, with its topology file
-//! and addresses printed (text or JSON) so other commands can use it.
+//! `minibroker dev`: an embedded cluster in the foreground until ctrl-c or SIGTERM, with its
+//! topology file and addresses printed (text or JSON) so other commands can use it. On either
+//! signal it stops every node cleanly and removes its temporary directory (not a `--data-dir`).
 
 use std::process::ExitCode;
 
@@ -8,7 +9,7 @@ use clap::Args;
 use minibroker::{EmbeddedCluster, EmbeddedOptions};
 use serde_json::json;
 
-use super::ctrl_c;
+use super::stop_signal;
 
 /// Arguments of `dev`.
 #[derive(Args, Debug)]
@@ -22,6 +23,9 @@ pub struct DevArgs {
     /// Also copy the topology file to this path.
     #[arg(long)]
     write_topology: Option<std::path::PathBuf>,
+    /// Serve each node's Prometheus metrics on a loopback port (printed).
+    #[arg(long)]
+    metrics: bool,
 }
 
 /// Starts the cluster, prints where it is, runs until ctrl-c, shuts it down.
@@ -30,13 +34,21 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         data_dir,
         base_port,
         write_topology,
+        metrics,
     } = args;
+    let temporary = data_dir.is_none();
     let cluster = EmbeddedCluster::start_with(EmbeddedOptions {
         data_dir,
         base_port,
+        metrics_endpoints: metrics,
         ..EmbeddedOptions::default()
     })
     .await?;
+    let metrics_of = |id| {
+        cluster
+            .metrics_address(id)
+            .map(|a| format!("http://{a}/metrics"))
+    };
     let path = match write_topology {
         Some(path) => {
             std::fs::copy(cluster.topology_path(), &path)
@@ -47,18 +59,25 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
     };
     let topology = cluster.topology();
     if json {
-        println!(
+        minibroker::outln!(
             "{}",
             json!({"topology": path, "data_dir": cluster.dir(),
-                "coordinators": topology.coordinators.iter().map(|n| json!({"id": n.id, "address": n.address})).collect::<Vec<_>>(),
-                "leaders": topology.leaders.iter().map(|n| json!({"id": n.id, "address": n.address})).collect::<Vec<_>>()})
+                "coordinators": topology.coordinators.iter().map(|n| json!({"id": n.id, "address": n.address, "metrics": metrics_of(n.id)})).collect::<Vec<_>>(),
+                "leaders": topology.leaders.iter().map(|n| json!({"id": n.id, "address": n.address, "metrics": metrics_of(n.id)})).collect::<Vec<_>>()})
         );
     } else {
-        println!("mini-broker dev cluster is running (ctrl-c to stop)");
-        println!("  topology: {}", path.display());
-        println!("  data:     {}", cluster.dir().display());
+        minibroker::outln!("mini-broker dev cluster is running (ctrl-c to stop)");
+        minibroker::outln!("  topology: {}", path.display());
+        minibroker::outln!("  data:     {}", cluster.dir().display());
         for n in &topology.coordinators {
-            println!("  coordinator {:>3}  {}", n.id, n.address);
+            minibroker::outln!("  coordinator {:>3}  {}", n.id, n.address);
+        }
+        if metrics {
+            for n in topology.coordinators.iter().chain(&topology.leaders) {
+                if let Some(url) = metrics_of(n.id) {
+                    minibroker::outln!("  metrics     {:>3}  {url}", n.id);
+                }
+            }
         }
         for n in &topology.leaders {
             let parts: Vec<String> = topology
@@ -66,22 +85,33 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|(t, p)| format!("{t}-{p}"))
                 .collect();
-            println!(
+            minibroker::outln!(
                 "  leader      {:>3}  {}  ({})",
                 n.id,
                 n.address,
                 parts.join(", ")
             );
         }
-        println!("\ntry:\n  export TOPOLOGY={}", path.display());
-        println!("  minibroker produce --transactional-id app-1 --records 100 --per-txn 10 --abort-every 3");
-        println!("  minibroker consume --from-beginning");
-        println!("  minibroker transactions list");
+        minibroker::outln!("\ntry:\n  export TOPOLOGY={}", path.display());
+        minibroker::outln!("  minibroker produce --transactional-id app-1 --records 100 --per-txn 10 --abort-every 3");
+        minibroker::outln!("  minibroker consume --from-beginning");
+        minibroker::outln!("  minibroker transactions list");
     }
-    ctrl_c().await;
-    if !json {
-        println!("stopping");
-    }
+    let signal = stop_signal().await;
+    let dir = cluster.dir().to_path_buf();
     cluster.shutdown().await?;
+    if temporary {
+        eprintln!(
+            "{}: dev cluster stopped, {} removed",
+            signal.name(),
+            dir.display()
+        );
+    } else {
+        eprintln!(
+            "{}: dev cluster stopped, data kept in {}",
+            signal.name(),
+            dir.display()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -49,9 +49,9 @@ impl LeaderService {
             .into_iter()
             .collect();
         if let Some(control) = &plan.control {
-            info!(partition = %part.tp, pid = marker.producer_id, epoch = control.producer_epoch,
-                  commit = control.commit, offset = plan.base_offset,
-                  aborted = ?plan.aborted, "transaction marker written");
+            debug!(partition = %part.tp, pid = marker.producer_id, epoch = control.producer_epoch,
+                   commit = control.commit, offset = plan.base_offset,
+                   aborted = ?plan.aborted, "transaction marker written");
         } else if plan.is_noop() {
             debug!(partition = %part.tp, pid = marker.producer_id, "repeated marker");
         } else {
