@@ -485,6 +485,12 @@ async fn find_hanging_and_abort_free_a_held_lso() {
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::create_dir_all(&dir).unwrap();
     cluster.restart(coordinator).await.unwrap();
+    // Until it has loaded (nothing) and checked its peers it answers LOAD_IN_PROGRESS.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while admin.list_transactions(&[]).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "coordinator never loaded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(lso_held(&admin, &held).await);
     let out = run(tool(&["transactions", "find-hanging"])).await;
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
