@@ -194,6 +194,37 @@ impl std::fmt::Display for ProducerIdAndEpoch {
     }
 }
 
+/// Kafka's client transaction version (KIP-890, Kafka's `clientTransactionVersion`): which
+/// EndTxn rules apply to a transactional id. Recorded at InitProducerId, from the client's face.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TransactionVersion {
+    /// Version 1, for Kafka clients without KIP-890 part 2 (librdkafka, kafka-python): EndTxn
+    /// keeps the epoch and the markers carry it ([`end_txn_v1`]).
+    V1,
+    /// Version 2, our client: every transaction ends with an epoch bump ([`end_txn`]).
+    #[default]
+    V2,
+}
+
+impl TransactionVersion {
+    /// From a wire value: 1 is version 1; 0 (unset) and 2 are version 2; anything else `None`.
+    pub fn from_wire(value: i32) -> Option<Self> {
+        match value {
+            1 => Some(Self::V1),
+            0 | 2 => Some(Self::V2),
+            _ => None,
+        }
+    }
+
+    /// The wire value (1 or 2).
+    pub fn to_wire(self) -> i32 {
+        match self {
+            Self::V1 => 1,
+            Self::V2 => 2,
+        }
+    }
+}
+
 /// Pending offsets of one consumer group in a transaction (visible only after commit).
 pub type PendingOffsets = BTreeMap<TopicPartition, i64>;
 
@@ -227,6 +258,10 @@ pub struct TxnMetadata {
     pub last_update_ms: i64,
     /// (beyond Kafka) The latest bump was the timeout scan's abort.
     pub timed_out: bool,
+    /// The client transaction version of the producer that last called InitProducerId (records
+    /// written before versions existed read as version 2).
+    #[serde(default)]
+    pub client_transaction_version: TransactionVersion,
 }
 
 /// serde_json maps need string keys; offsets are stored as lists of (partition, offset).
@@ -280,6 +315,7 @@ impl TxnMetadata {
             txn_start_ms: -1,
             last_update_ms: now_ms,
             timed_out: false,
+            client_transaction_version: TransactionVersion::V2,
         }
     }
 
@@ -395,6 +431,7 @@ impl TxnMetadata {
         let result = TxnResult::of_state(self.state).filter(|_| self.state.is_prepare())?;
         Some(MarkerJob {
             transactional_id: self.transactional_id.clone(),
+            transaction_version: self.client_transaction_version,
             identity: self.marker_identity(),
             result,
             partitions: self.partitions.clone(),
@@ -408,6 +445,8 @@ impl TxnMetadata {
 pub struct MarkerJob {
     /// The transaction's id.
     pub transactional_id: TransactionalId,
+    /// Version 1: the markers carry the epoch the data was written with, not a bumped one.
+    pub transaction_version: TransactionVersion,
     /// (PID, bumped epoch) the markers carry.
     pub identity: ProducerIdAndEpoch,
     /// COMMIT or ABORT.
@@ -685,6 +724,40 @@ pub fn init_producer_id(
     }
 }
 
+/// [`init_producer_id`] for a client of transaction `version`: the same rules, and the id
+/// records the version (Kafka's `clientTransactionVersion`), which decides the rules of its
+/// EndTxn ([`end_txn`] or [`end_txn_v1`]) and of its markers. A successful call whose metadata
+/// would not change otherwise still writes the new version.
+#[allow(clippy::too_many_arguments)]
+pub fn init_producer_id_for_version(
+    id: &str,
+    meta: Option<&TxnMetadata>,
+    timeout_ms: i32,
+    expected: Option<ProducerIdAndEpoch>,
+    now_ms: i64,
+    fresh_pid: Option<ProducerId>,
+    version: TransactionVersion,
+) -> Outcome {
+    let mut outcome = init_producer_id(id, meta, timeout_ms, expected, now_ms, fresh_pid);
+    if outcome.reply.is_err() {
+        return outcome;
+    }
+    match (&mut outcome.persist, meta) {
+        (Some(next), _) => {
+            // The fence of an open transaction (step 6) answers CONCURRENT_TRANSACTIONS, so the
+            // reply is Ok only when the new metadata is the caller's.
+            next.client_transaction_version = version;
+        }
+        (None, Some(meta)) if meta.client_transaction_version != version => {
+            let mut next = meta.clone();
+            next.client_transaction_version = version;
+            outcome.persist = Some(next);
+        }
+        (None, _) => {}
+    }
+    outcome
+}
+
 /// Shared checks of AddPartitionsToTxn / AddOffsetsToTxn / TxnOffsetCommit (section 5):
 /// fencing, then Prepare* -> CONCURRENT_TRANSACTIONS.
 fn check_add<'a>(
@@ -806,7 +879,8 @@ pub fn txn_offset_commit(
     Outcome::write(next, Ok(caller))
 }
 
-/// EndTxn (section 6): one epoch per transaction.
+/// EndTxn (section 6): one epoch per transaction. An id whose client is on transaction
+/// version 1 gets [`end_txn_v1`]'s rules instead.
 pub fn end_txn(
     id: &str,
     meta: Option<&TxnMetadata>,
@@ -815,6 +889,9 @@ pub fn end_txn(
     now_ms: i64,
     fresh_pid: Option<ProducerId>,
 ) -> Outcome {
+    if meta.is_some_and(|m| m.client_transaction_version == TransactionVersion::V1) {
+        return end_txn_v1(id, meta, caller, result, now_ms);
+    }
     let Some(meta) = meta.filter(|m| m.knows_pid(caller.producer_id)) else {
         return Outcome::reject(TxnError::InvalidProducerIdMapping(format!(
             "{id}: unknown transactional id or pid {}",
@@ -884,6 +961,55 @@ pub fn end_txn(
         };
     }
     Outcome::reject(meta.stale_producer_error(caller))
+}
+
+/// EndTxn for a client on transaction version 1 (PROTOCOL.md section 6, "Transaction version
+/// 1"): the epoch is kept, so the transaction's markers carry the epoch its data was written
+/// with, and only the current (PID, epoch) may end it:
+///
+/// | state (caller is current)      | COMMIT                     | ABORT                      |
+/// |--------------------------------|----------------------------|----------------------------|
+/// | Ongoing                        | PrepareCommit, same epoch  | PrepareAbort, same epoch   |
+/// | PrepareCommit / PrepareAbort   | CONCURRENT_TRANSACTIONS    | CONCURRENT_TRANSACTIONS    |
+/// | CompleteCommit                 | OK (a retry), no write     | INVALID_TXN_STATE          |
+/// | CompleteAbort                  | INVALID_TXN_STATE          | OK (a retry), no write     |
+/// | Empty                          | INVALID_TXN_STATE          | OK, no write               |
+///
+/// Any other epoch of the id's PID is PRODUCER_FENCED (TRANSACTION_TIMED_OUT for the producer
+/// the timeout scan aborted): version 1 has no "last epoch" retry, since EndTxn never bumps.
+/// An unknown id or PID is INVALID_PRODUCER_ID_MAPPING.
+pub fn end_txn_v1(
+    id: &str,
+    meta: Option<&TxnMetadata>,
+    caller: ProducerIdAndEpoch,
+    result: TxnResult,
+    now_ms: i64,
+) -> Outcome {
+    let meta = match check_producer(id, meta, caller) {
+        Ok(meta) => meta,
+        Err(e) => return Outcome::reject(e),
+    };
+    match meta.state {
+        TxnState::Ongoing => {
+            let mut next = meta.clone();
+            next.state = result.prepare_state();
+            next.last_update_ms = now_ms;
+            next.timed_out = false;
+            Outcome::write(next, Ok(caller))
+        }
+        TxnState::PrepareCommit | TxnState::PrepareAbort => Outcome::reject(concurrent(meta)),
+        TxnState::CompleteCommit | TxnState::CompleteAbort | TxnState::Empty => {
+            let decided = TxnResult::of_state(meta.state);
+            if decided == Some(result) || (decided.is_none() && result == TxnResult::Abort) {
+                Outcome::unchanged(caller)
+            } else {
+                Outcome::reject(TxnError::InvalidTxnState(format!(
+                    "{id}: no open transaction to {result:?} ({})",
+                    meta.state
+                )))
+            }
+        }
+    }
 }
 
 /// VerifyTransaction (KIP-890 part 1, PROTOCOL.md section 9 step 4): may `caller` open a
@@ -991,6 +1117,9 @@ pub struct GroupMarker {
     pub coordinator_id: NodeId,
     /// The sender's generation (bumped at each of its starts).
     pub coordinator_generation: i64,
+    /// The transaction's client transaction version: under version 1 transactions of a PID
+    /// share an epoch, so an equal epoch is the next transaction, not a repeat.
+    pub transaction_version: TransactionVersion,
 }
 
 /// What the group's coordinator has recorded, for one group, about a marker's sender: the
@@ -1032,6 +1161,7 @@ pub struct GroupMarkerWrite {
 /// | epoch below the PID's recorded epoch          | INVALID_PRODUCER_EPOCH         | nothing |
 /// | generation below the coordinator's recorded   | TRANSACTION_COORDINATOR_FENCED | nothing |
 /// | epoch equal (the same marker again)           | NONE                           | only a higher generation, no offsets |
+/// | epoch equal, transaction version 1            | NONE                           | as for a higher epoch |
 /// | epoch above, or a PID never seen              | NONE                           | COMMIT: offsets; both: epoch + generation |
 ///
 /// Why this is enough: every transaction ends with an epoch bump, so each transaction's
@@ -1052,6 +1182,7 @@ pub fn write_group_marker(
         offsets,
         coordinator_id,
         coordinator_generation,
+        transaction_version,
     } = marker;
     if producer_id < 0 || epoch < 0 || coordinator_generation < 0 {
         return Err(TxnError::InvalidRequest(format!(
@@ -1077,7 +1208,10 @@ pub fn write_group_marker(
     let newer_generation = fence
         .coordinator_generation
         .is_none_or(|g| coordinator_generation > g);
-    let repeat = fence.producer_epoch == Some(epoch);
+    // Version 1 keeps the epoch across transactions: an equal epoch is applied again (a true
+    // repeat writes the same offsets; Kafka's version 1 has the same hole for a late repeat).
+    let repeat =
+        fence.producer_epoch == Some(epoch) && transaction_version == TransactionVersion::V2;
     if repeat && !newer_generation {
         return Ok(None);
     }
@@ -1980,6 +2114,7 @@ mod tests {
             result: TxnResult::Commit,
             ..job
         };
+        assert_eq!(job.transaction_version, TransactionVersion::V2);
         assert!(complete_markers(w.meta(), &job, NOW).persist.is_none());
     }
 
@@ -2324,6 +2459,174 @@ mod tests {
         );
     }
 
+    // ---- transaction version 1: one test per rule that differs from version 2 ----------------
+
+    impl World {
+        /// A version-1 client: InitProducerId recorded the version; an Ongoing transaction.
+        fn ongoing_v1() -> (Self, ProducerIdAndEpoch) {
+            let mut w = World::new();
+            let id = w
+                .apply(|w, pid| {
+                    init_producer_id_for_version(
+                        ID,
+                        w.meta.as_ref(),
+                        TIMEOUT,
+                        None,
+                        w.now,
+                        pid,
+                        TransactionVersion::V1,
+                    )
+                })
+                .reply
+                .unwrap();
+            assert_eq!(w.meta().client_transaction_version, TransactionVersion::V1);
+            w.add(id, &[0, 1]).reply.unwrap();
+            (w, id)
+        }
+    }
+
+    #[test]
+    fn v1_init_producer_id_records_the_version_and_v2_takes_it_back() {
+        let (mut w, id) = World::ongoing_v1();
+        w.end(id, TxnResult::Commit).reply.unwrap();
+        w.complete();
+        // Our own client's InitProducerId (version 2) switches the id back.
+        let out = w.apply(|w, pid| {
+            init_producer_id_for_version(
+                ID,
+                w.meta.as_ref(),
+                TIMEOUT,
+                None,
+                w.now,
+                pid,
+                TransactionVersion::V2,
+            )
+        });
+        assert_eq!(out.reply.unwrap().epoch, id.epoch + 1);
+        assert_eq!(w.meta().client_transaction_version, TransactionVersion::V2);
+        // A retry that changes nothing but the version still writes it.
+        let meta = w.meta().clone();
+        let mut last = meta.clone();
+        last.last_epoch = meta.producer_epoch - 1;
+        let retry = ProducerIdAndEpoch::new(meta.producer_id, meta.producer_epoch - 1);
+        let out = init_producer_id_for_version(
+            ID,
+            Some(&last),
+            TIMEOUT,
+            Some(retry),
+            NOW,
+            None,
+            TransactionVersion::V1,
+        );
+        assert_eq!(out.reply.unwrap(), meta.client_identity());
+        assert_eq!(
+            out.persist.unwrap().client_transaction_version,
+            TransactionVersion::V1
+        );
+    }
+
+    #[test]
+    fn v1_end_txn_keeps_the_epoch_and_markers_carry_it() {
+        let (mut w, id) = World::ongoing_v1();
+        let out = w.end(id, TxnResult::Commit);
+        assert_eq!(out.reply.unwrap(), id, "no bump");
+        assert_eq!(w.meta().state, TxnState::PrepareCommit);
+        let job = out.markers.unwrap();
+        assert_eq!(job.identity, id, "markers carry the data's epoch");
+        assert_eq!(job.transaction_version, TransactionVersion::V1);
+        w.complete();
+        assert_eq!(w.meta().state, TxnState::CompleteCommit);
+        assert_eq!(w.meta().client_identity(), id);
+        // The next transaction runs at the same epoch.
+        w.add(id, &[2]).reply.unwrap();
+        assert_eq!(w.end(id, TxnResult::Abort).markers.unwrap().identity, id);
+    }
+
+    #[test]
+    fn v1_end_txn_retries_and_wrong_decisions() {
+        let (mut w, id) = World::ongoing_v1();
+        w.end(id, TxnResult::Commit).reply.unwrap();
+        // Prepare*: a retry is CONCURRENT_TRANSACTIONS.
+        assert_eq!(
+            code(&w.end(id, TxnResult::Commit)),
+            "CONCURRENT_TRANSACTIONS"
+        );
+        w.complete();
+        // Complete*: the same decision is OK without a write, the other one INVALID_TXN_STATE.
+        let out = w.end(id, TxnResult::Commit);
+        assert_eq!((out.reply, out.persist), (Ok(id), None));
+        assert_eq!(code(&w.end(id, TxnResult::Abort)), "INVALID_TXN_STATE");
+    }
+
+    #[test]
+    fn v1_end_txn_in_empty_commit_is_invalid_abort_is_a_no_op() {
+        let (w, id) = World::ongoing_v1();
+        let mut empty = w.meta().clone();
+        empty.state = TxnState::Empty;
+        empty.partitions.clear();
+        let out = end_txn(ID, Some(&empty), id, TxnResult::Abort, NOW, None);
+        assert_eq!((out.reply, out.persist), (Ok(id), None));
+        let out = end_txn(ID, Some(&empty), id, TxnResult::Commit, NOW, None);
+        assert_eq!(code(&out), "INVALID_TXN_STATE");
+    }
+
+    #[test]
+    fn v1_end_txn_from_an_older_epoch_is_fenced_without_a_retry_window() {
+        let (mut w, id) = World::ongoing_v1();
+        // A newer instance fences the open transaction (a bump, as in version 2).
+        assert_eq!(code(&w.init(None)), "CONCURRENT_TRANSACTIONS");
+        w.complete();
+        assert!(w.meta().client_identity().epoch > id.epoch);
+        assert_eq!(code(&w.end(id, TxnResult::Commit)), "PRODUCER_FENCED");
+        assert_eq!(code(&w.end(id, TxnResult::Abort)), "PRODUCER_FENCED");
+        let stranger = ProducerIdAndEpoch::new(id.producer_id + 99, 0);
+        assert_eq!(
+            code(&w.end(stranger, TxnResult::Abort)),
+            "INVALID_PRODUCER_ID_MAPPING"
+        );
+    }
+
+    #[test]
+    fn v1_group_marker_at_an_applied_epoch_is_the_next_transaction() {
+        let mut marker = group_marker(7, 3, 2);
+        marker.transaction_version = TransactionVersion::V1;
+        marker.offsets = [(TopicPartition::new("t", 0), 50)].into();
+        let write = write_group_marker(&fence(Some(3), Some(2)), marker)
+            .unwrap()
+            .expect("applied");
+        assert_eq!(write.offsets[&TopicPartition::new("t", 0)], 50);
+        // Version 2: the same epoch is a repeat, nothing is written.
+        assert_eq!(
+            write_group_marker(&fence(Some(3), Some(2)), group_marker(7, 3, 2)).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn transaction_versions_from_the_wire() {
+        assert_eq!(
+            TransactionVersion::from_wire(0),
+            Some(TransactionVersion::V2)
+        );
+        assert_eq!(
+            TransactionVersion::from_wire(1),
+            Some(TransactionVersion::V1)
+        );
+        assert_eq!(
+            TransactionVersion::from_wire(2),
+            Some(TransactionVersion::V2)
+        );
+        assert_eq!(TransactionVersion::from_wire(3), None);
+        assert_eq!(TransactionVersion::V1.to_wire(), 1);
+        // Records stored before versions existed read as version 2.
+        let mut json = serde_json::to_value(TxnMetadata::new(ID, 1, TIMEOUT, NOW)).unwrap();
+        json.as_object_mut()
+            .unwrap()
+            .remove("client_transaction_version");
+        let meta: TxnMetadata = serde_json::from_value(json).unwrap();
+        assert_eq!(meta.client_transaction_version, TransactionVersion::V2);
+    }
+
     // ---- group markers: one test per row of `write_group_marker` ---------------------------
 
     fn group_marker(pid: ProducerId, epoch: ProducerEpoch, generation: i64) -> GroupMarker {
@@ -2335,6 +2638,7 @@ mod tests {
             offsets: [(TopicPartition::new("t", 0), 42)].into(),
             coordinator_id: 1,
             coordinator_generation: generation,
+            transaction_version: TransactionVersion::V2,
         }
     }
 

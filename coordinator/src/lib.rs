@@ -6,6 +6,9 @@
 //! - [`storage`]: a small [`storage::Storage`] trait with a sled engine (trees
 //!   `__transaction_state`, `__consumer_offsets`, `__group_marker_state`, `__coordinator_meta`)
 //!   and an in-memory engine.
+//! - [`kafka`]: the Kafka face (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn,
+//!   TxnOffsetCommit, EndTxn, OffsetFetch, ListTransactions, DescribeTransactions), calling the
+//!   gRPC service's functions in-process.
 //! - [`service`]: the tonic shell: [`serve`], proto <-> domain, routing and input checks,
 //!   per-id serialisation, markers to partition leaders, recovery on start, the timeout scan.
 //!
@@ -27,10 +30,11 @@
 //! same marker twice changes nothing.
 
 pub mod core;
+pub mod kafka;
 pub mod service;
 pub mod storage;
 
-pub use service::{serve, serve_with_storage, CoordinatorConfig};
+pub use service::{serve, serve_with_kafka, serve_with_storage, CoordinatorConfig};
 
 /// The coordinator library's error: protocol decisions plus I/O, storage and transport.
 #[derive(Debug, thiserror::Error)]

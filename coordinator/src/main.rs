@@ -32,6 +32,10 @@ struct Args {
     #[arg(long, env = "TOPOLOGY")]
     topology: PathBuf,
     /// How often to look for timed-out transactions, in milliseconds.
+    /// Also serve Kafka's protocol here (advertise it as this node's `kafka_address` in the
+    /// topology).
+    #[arg(long = "kafka-listen", env = "KAFKA_LISTEN_ADDR")]
+    kafka_listen: Option<String>,
     #[arg(long, env = "TIMEOUT_SCAN_INTERVAL_MS", default_value_t = 1000)]
     timeout_scan_interval_ms: u64,
     /// First backoff between marker retries, in milliseconds.
@@ -63,7 +67,15 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(node_id = args.node_id, address = %listener.local_addr()?, "coordinator listening");
-    coordinator::serve(config, listener, shutdown_signal())
+    let kafka_listener = match &args.kafka_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding the Kafka listener {address}"))?,
+        ),
+        None => None,
+    };
+    coordinator::serve_with_kafka(config, listener, kafka_listener, shutdown_signal())
         .await
         .context("coordinator failed")?;
     Ok(())

@@ -127,6 +127,16 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    serve_with_kafka(config, listener, None, shutdown).await
+}
+
+/// [`serve`], plus Kafka's protocol on `kafka_listener` when given (see [`crate::kafka`]).
+pub async fn serve_with_kafka(
+    config: CoordinatorConfig,
+    listener: tokio::net::TcpListener,
+    kafka_listener: Option<tokio::net::TcpListener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     if config.topology.coordinator_index(config.node_id).is_none() {
         return Err(Error::Config(format!(
             "node {} is not a coordinator in the topology",
@@ -140,7 +150,7 @@ pub async fn serve(
         .await
         .map_err(|e| StorageError::Task(e.to_string()))??;
     let storage: Arc<dyn Storage> = Arc::new(storage);
-    let result = serve_with_storage(config, storage.clone(), listener, shutdown).await;
+    let result = serve_inner(config, storage.clone(), listener, kafka_listener, shutdown).await;
     // The last reference: dropping it closes sled; then wait until sled's background threads
     // released the lock file, so the directory can be reopened as soon as `serve` returns.
     let dir = config_dir;
@@ -159,6 +169,16 @@ pub async fn serve_with_storage(
     config: CoordinatorConfig,
     storage: Arc<dyn Storage>,
     listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    serve_inner(config, storage, listener, None, shutdown).await
+}
+
+async fn serve_inner(
+    config: CoordinatorConfig,
+    storage: Arc<dyn Storage>,
+    listener: tokio::net::TcpListener,
+    kafka_listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let topology = config.topology.clone();
@@ -213,6 +233,22 @@ pub async fn serve_with_storage(
             },
         );
     let server = tokio::spawn(server);
+    if let Some(kafka_listener) = kafka_listener {
+        // Joined with the other background tasks below, so it ends before the storage closes.
+        let kafka_config = kafka_wire::ServerConfig::new(shared.node_id, shared.topology.clone());
+        let handler = Arc::new(crate::kafka::KafkaCoordinator::new(CoordinatorService {
+            shared: shared.clone(),
+        }));
+        let mut stopped = shared.stop.subscribe();
+        shared.spawn(async move {
+            let stop = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            if let Err(e) = kafka_wire::serve(kafka_listener, kafka_config, handler, stop).await {
+                warn!("kafka listener failed: {e}");
+            }
+        });
+    }
 
     let loaded = shared.load().await;
     if let Err(e) = &loaded {
@@ -540,6 +576,7 @@ impl Shared {
                 coordinator_id: self.node_id,
                 coordinator_generation: self.generation(),
                 partitions: remaining.iter().cloned().map(Into::into).collect(),
+                transaction_version: job.transaction_version.to_wire(),
             };
             let reply = match self.channel(&address) {
                 Err(e) => Err(e),
@@ -618,6 +655,7 @@ impl Shared {
                     offsets: offsets.clone(),
                     coordinator_id: self.node_id,
                     coordinator_generation: self.generation(),
+                    transaction_version: job.transaction_version,
                 };
                 let reply = if node == self.node_id {
                     let result = self.write_group_marker_locally(marker).await;
@@ -687,6 +725,7 @@ impl Shared {
             result: wire_result(marker.result) as i32,
             coordinator_id: marker.coordinator_id,
             coordinator_generation: marker.coordinator_generation,
+            transaction_version: marker.transaction_version.to_wire(),
         };
         let reply = TransactionCoordinatorClient::new(self.channel(&address)?)
             .write_group_offset_marker(request)
@@ -916,6 +955,11 @@ fn check_partitions(partitions: Vec<proto::TopicPartition>) -> Result<Vec<TopicP
         .collect()
 }
 
+fn check_transaction_version(version: i32) -> Result<core::TransactionVersion, Error> {
+    core::TransactionVersion::from_wire(version)
+        .ok_or_else(|| invalid(format!("transaction version {version} is not 1 or 2")))
+}
+
 fn check_result(result: i32) -> Result<TxnResult, Error> {
     match proto::TxnResult::try_from(result) {
         Ok(proto::TxnResult::Commit) => Ok(TxnResult::Commit),
@@ -924,14 +968,19 @@ fn check_result(result: i32) -> Result<TxnResult, Error> {
     }
 }
 
-/// The `TransactionCoordinator` gRPC service.
+/// The `TransactionCoordinator` gRPC service (also what the Kafka face calls, in-process).
 #[derive(Clone)]
-struct CoordinatorService {
+pub(crate) struct CoordinatorService {
     shared: Arc<Shared>,
 }
 
 impl CoordinatorService {
-    async fn init_producer_id(
+    /// The cluster topology.
+    pub(crate) fn topology(&self) -> &Topology {
+        &self.shared.topology
+    }
+
+    pub(crate) async fn init_producer_id(
         &self,
         request: proto::InitProducerIdRequest,
     ) -> Result<ProducerIdAndEpoch, Error> {
@@ -945,6 +994,7 @@ impl CoordinatorService {
         };
         // Step 1: shape of the request.
         check_id("transactional id", &id)?;
+        let version = check_transaction_version(request.transaction_version)?;
         core::validate_timeout(
             request.transaction_timeout_ms,
             s.config.max_transaction_timeout_ms,
@@ -962,12 +1012,15 @@ impl CoordinatorService {
         let mut stored = slot.lock().await;
         let (timeout, now) = (request.transaction_timeout_ms, now_ms());
         s.transition(&mut stored, |meta, pid| {
-            core::init_producer_id(&id, meta, timeout, expected, now, pid)
+            core::init_producer_id_for_version(&id, meta, timeout, expected, now, pid, version)
         })
         .await
     }
 
-    async fn add_partitions(&self, request: proto::AddPartitionsToTxnRequest) -> Result<(), Error> {
+    pub(crate) async fn add_partitions(
+        &self,
+        request: proto::AddPartitionsToTxnRequest,
+    ) -> Result<(), Error> {
         let s = &self.shared;
         let id = request.transactional_id;
         check_id("transactional id", &id)?;
@@ -984,7 +1037,10 @@ impl CoordinatorService {
         .map(drop)
     }
 
-    async fn add_offsets(&self, request: proto::AddOffsetsToTxnRequest) -> Result<(), Error> {
+    pub(crate) async fn add_offsets(
+        &self,
+        request: proto::AddOffsetsToTxnRequest,
+    ) -> Result<(), Error> {
         let s = &self.shared;
         let id = request.transactional_id;
         check_id("transactional id", &id)?;
@@ -1001,7 +1057,10 @@ impl CoordinatorService {
         .map(drop)
     }
 
-    async fn txn_offset_commit(&self, request: proto::TxnOffsetCommitRequest) -> Result<(), Error> {
+    pub(crate) async fn txn_offset_commit(
+        &self,
+        request: proto::TxnOffsetCommitRequest,
+    ) -> Result<(), Error> {
         let s = &self.shared;
         let id = request.transactional_id;
         check_id("transactional id", &id)?;
@@ -1027,7 +1086,10 @@ impl CoordinatorService {
         .map(drop)
     }
 
-    async fn end_txn(&self, request: proto::EndTxnRequest) -> Result<ProducerIdAndEpoch, Error> {
+    pub(crate) async fn end_txn(
+        &self,
+        request: proto::EndTxnRequest,
+    ) -> Result<ProducerIdAndEpoch, Error> {
         let s = &self.shared;
         let id = request.transactional_id;
         check_id("transactional id", &id)?;
@@ -1059,7 +1121,7 @@ impl CoordinatorService {
             .map_err(Error::Protocol)
     }
 
-    async fn offset_fetch(
+    pub(crate) async fn offset_fetch(
         &self,
         request: proto::OffsetFetchRequest,
     ) -> Result<Vec<proto::PartitionOffset>, Error> {
@@ -1095,6 +1157,7 @@ impl CoordinatorService {
                 request.coordinator_generation
             )));
         }
+        let transaction_version = check_transaction_version(request.transaction_version)?;
         check_list_len("offsets", request.offsets.len())?;
         let mut offsets = PendingOffsets::new();
         for o in request.offsets {
@@ -1110,6 +1173,7 @@ impl CoordinatorService {
                 offsets,
                 coordinator_id: request.coordinator_id,
                 coordinator_generation: request.coordinator_generation,
+                transaction_version,
             })
             .await
     }

@@ -71,6 +71,7 @@ impl Marker {
                     .collect(),
                 coordinator_id: self.coordinator_id,
                 coordinator_generation: self.generation,
+                transaction_version: 2,
             })
             .await
             .unwrap()

@@ -1,6 +1,7 @@
 //! [`EmbeddedCluster`]: a whole mini-broker cluster inside one process, for the demo, `dev` and
 //! the integration tests.
 //!
+//! Every node also serves Kafka's protocol on its own loopback port ([`EmbeddedCluster::kafka_bootstrap`]).
 //! It binds every listener on `127.0.0.1:0` first, then writes the topology with the real
 //! addresses to `<dir>/topology.toml`, then starts each node with that topology:
 //! `coordinator::serve` for the coordinators and `partition_leader::serve` for the leaders, each
@@ -115,6 +116,7 @@ struct Running {
 struct NodeSlot {
     role: Role,
     address: SocketAddr,
+    kafka_address: SocketAddr,
     data_dir: PathBuf,
     running: Option<Running>,
 }
@@ -159,7 +161,7 @@ impl EmbeddedCluster {
             }
         };
 
-        // 1. Bind every listener, so the topology can name the real addresses.
+        // 1. Bind every listener (gRPC and Kafka), so the topology can name the real addresses.
         let mut listeners = Vec::new();
         let ids: Vec<(NodeId, Role)> = (0..options.coordinators)
             .map(|i| (FIRST_COORDINATOR_ID + i as NodeId, Role::Coordinator))
@@ -168,22 +170,24 @@ impl EmbeddedCluster {
         for (k, (id, role)) in ids.iter().enumerate() {
             let port = options.base_port.map_or(0, |b| b + k as u16);
             let listener = TcpListener::bind(("127.0.0.1", port)).await?;
-            listeners.push((*id, *role, listener));
+            let kafka = TcpListener::bind(("127.0.0.1", 0)).await?;
+            listeners.push((*id, *role, listener, kafka));
         }
 
         // 2. The topology, written where the CLI and the nodes read it.
-        let node = |id: NodeId, l: &TcpListener| -> Result<Node, EmbeddedError> {
+        let node = |id: NodeId, l: &TcpListener, k: &TcpListener| -> Result<Node, EmbeddedError> {
             Ok(Node {
                 id,
                 address: l.local_addr()?.to_string(),
+                kafka_address: Some(k.local_addr()?.to_string()),
             })
         };
         let mut coordinators = Vec::new();
         let mut leaders = Vec::new();
-        for (id, role, l) in &listeners {
+        for (id, role, l, k) in &listeners {
             match role {
-                Role::Coordinator => coordinators.push(node(*id, l)?),
-                Role::Leader => leaders.push(node(*id, l)?),
+                Role::Coordinator => coordinators.push(node(*id, l, k)?),
+                Role::Leader => leaders.push(node(*id, l, k)?),
             }
         }
         let topics = options
@@ -216,26 +220,33 @@ impl EmbeddedCluster {
         };
 
         // 3. Start every node on its listener.
-        for (id, role, listener) in listeners {
+        for (id, role, listener, kafka) in listeners {
             let data_dir = dir.join(format!("node-{id}"));
             std::fs::create_dir_all(&data_dir)?;
             let address = listener.local_addr()?;
+            let kafka_address = kafka.local_addr()?;
             cluster.nodes.insert(
                 id,
                 NodeSlot {
                     role,
                     address,
+                    kafka_address,
                     data_dir,
                     running: None,
                 },
             );
-            cluster.spawn(id, listener)?;
+            cluster.spawn(id, listener, kafka)?;
         }
         cluster.wait_ready(Duration::from_secs(20)).await?;
         Ok(cluster)
     }
 
-    fn spawn(&mut self, id: NodeId, listener: TcpListener) -> Result<(), EmbeddedError> {
+    fn spawn(
+        &mut self,
+        id: NodeId,
+        listener: TcpListener,
+        kafka: TcpListener,
+    ) -> Result<(), EmbeddedError> {
         let topology = self.topology.clone();
         let options = self.options.clone();
         let slot = self
@@ -254,7 +265,7 @@ impl EmbeddedCluster {
                 config.marker_retry_backoff = options.marker_retry_backoff;
                 config.max_transaction_timeout_ms = options.max_transaction_timeout_ms;
                 tokio::spawn(async move {
-                    coordinator::serve(config, listener, shutdown)
+                    coordinator::serve_with_kafka(config, listener, Some(kafka), shutdown)
                         .await
                         .map_err(|e| e.to_string())
                 })
@@ -263,7 +274,7 @@ impl EmbeddedCluster {
                 let mut config = partition_leader::LeaderConfig::new(id, data_dir, topology);
                 config.unsafe_skip_epoch_check = options.unsafe_skip_epoch_check;
                 tokio::spawn(async move {
-                    partition_leader::serve(config, listener, shutdown)
+                    partition_leader::serve_with_kafka(config, listener, Some(kafka), shutdown)
                         .await
                         .map_err(|e| e.to_string())
                 })
@@ -326,6 +337,19 @@ impl EmbeddedCluster {
     /// The cluster's directory (topology file and one data directory per node).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Every node's Kafka address, coordinators first: a Kafka client's `bootstrap.servers`.
+    pub fn kafka_bootstrap(&self) -> Vec<String> {
+        self.nodes
+            .values()
+            .map(|s| s.kafka_address.to_string())
+            .collect()
+    }
+
+    /// The Kafka address of node `id`.
+    pub fn kafka_address(&self, id: NodeId) -> Option<SocketAddr> {
+        self.nodes.get(&id).map(|s| s.kafka_address)
     }
 
     /// Every node's address, coordinators first: a bootstrap list.
@@ -403,19 +427,10 @@ impl EmbeddedCluster {
         if slot.running.is_some() {
             return Ok(());
         }
-        let address = slot.address;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listener = loop {
-            match TcpListener::bind(address).await {
-                Ok(l) => break l,
-                Err(e) if Instant::now() < deadline => {
-                    tracing::debug!(%address, error = %e, "rebinding; retrying");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        };
-        self.spawn(id, listener)?;
+        let (address, kafka_address) = (slot.address, slot.kafka_address);
+        let listener = rebind(address).await?;
+        let kafka = rebind(kafka_address).await?;
+        self.spawn(id, listener, kafka)?;
         tracing::info!(node = id, %address, "node restarted");
         Ok(())
     }
@@ -436,6 +451,21 @@ impl EmbeddedCluster {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Binds `address` again after a node stopped (retried briefly while the old socket goes away).
+async fn rebind(address: SocketAddr) -> Result<TcpListener, EmbeddedError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpListener::bind(address).await {
+            Ok(l) => return Ok(l),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(%address, error = %e, "rebinding; retrying");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 

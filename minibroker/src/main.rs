@@ -84,6 +84,9 @@ enum Command {
         /// Also copy the topology file to this path.
         #[arg(long)]
         write_topology: Option<std::path::PathBuf>,
+        /// Write the Kafka bootstrap list (`host:port,...`, every node's Kafka listener) here.
+        #[arg(long)]
+        kafka_bootstrap_file: Option<std::path::PathBuf>,
     },
     /// Produce records, transactionally or idempotently.
     Produce(ProduceArgs),
@@ -309,7 +312,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             data_dir,
             base_port,
             write_topology,
-        } => dev(data_dir, base_port, write_topology, json).await,
+            kafka_bootstrap_file,
+        } => {
+            dev(
+                data_dir,
+                base_port,
+                write_topology,
+                kafka_bootstrap_file,
+                json,
+            )
+            .await
+        }
         Command::Produce(args) => produce(cli.target.config()?, args, json).await,
         Command::Consume(args) => consume(cli.target.config()?, args, json).await,
         Command::Transactions { command } => {
@@ -452,6 +465,7 @@ async fn dev(
     data_dir: Option<std::path::PathBuf>,
     base_port: Option<u16>,
     write_topology: Option<std::path::PathBuf>,
+    kafka_bootstrap_file: Option<std::path::PathBuf>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let cluster = EmbeddedCluster::start_with(EmbeddedOptions {
@@ -469,10 +483,19 @@ async fn dev(
         None => cluster.topology_path().to_path_buf(),
     };
     let topology = cluster.topology();
+    let kafka_bootstrap = cluster.kafka_bootstrap().join(",");
+    if let Some(file) = &kafka_bootstrap_file {
+        std::fs::write(file, format!("{kafka_bootstrap}\n")).with_context(|| {
+            format!(
+                "cannot write the Kafka bootstrap list to {}",
+                file.display()
+            )
+        })?;
+    }
     if json {
         println!(
             "{}",
-            json!({"topology": path, "data_dir": cluster.dir(),
+            json!({"topology": path, "data_dir": cluster.dir(), "kafka_bootstrap": kafka_bootstrap,
                 "coordinators": topology.coordinators.iter().map(|n| json!({"id": n.id, "address": n.address})).collect::<Vec<_>>(),
                 "leaders": topology.leaders.iter().map(|n| json!({"id": n.id, "address": n.address})).collect::<Vec<_>>()})
         );
@@ -480,6 +503,7 @@ async fn dev(
         println!("mini-broker dev cluster is running (ctrl-c to stop)");
         println!("  topology: {}", path.display());
         println!("  data:     {}", cluster.dir().display());
+        println!("  kafka:    {kafka_bootstrap}");
         for n in &topology.coordinators {
             println!("  coordinator {:>3}  {}", n.id, n.address);
         }
@@ -500,6 +524,7 @@ async fn dev(
         println!("  minibroker produce --transactional-id app-1 --records 100 --per-txn 10 --abort-every 3");
         println!("  minibroker consume --from-beginning");
         println!("  minibroker transactions list");
+        println!("  kcat -b {kafka_bootstrap} -L");
     }
     ctrl_c().await;
     if !json {

@@ -223,6 +223,7 @@ async fn transactional_producer(
                 transaction_timeout_ms: 900_000,
                 expected_producer_id: -1,
                 expected_producer_epoch: -1,
+                transaction_version: 2,
             })
             .await
             .unwrap()

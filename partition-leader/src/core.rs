@@ -348,6 +348,17 @@ pub struct Marker {
     pub coordinator_id: i32,
     /// Its generation.
     pub coordinator_generation: i64,
+    /// The transaction's client transaction version (KIP-890): 1 = the marker carries the
+    /// epoch the transaction's data was written with (Kafka clients without KIP-890 part 2);
+    /// 0 or 2 = the bumped epoch.
+    pub transaction_version: i32,
+}
+
+impl Marker {
+    /// Version 1: a marker at the PID's current epoch ends the transaction open at that epoch.
+    pub fn keeps_epoch(&self) -> bool {
+        self.transaction_version == 1
+    }
 }
 
 /// What a write must persist, computed from the state before the write. Apply it with
@@ -700,10 +711,15 @@ impl PartitionState {
             last_update_ms: now_ms,
         });
         let raises_epoch = current.is_none_or(|s| epoch > s.epoch);
+        // Transaction version 1: the marker carries the data's epoch; the sequence window is
+        // kept (the producer carries on at this epoch), as Kafka's producer state does.
+        let ends_at_same_epoch = m.keeps_epoch() && current.is_some_and(|s| epoch == s.epoch);
         match current.and_then(|s| s.txn_first_offset) {
-            Some(first) if raises_epoch => {
+            Some(first) if raises_epoch || ends_at_same_epoch => {
                 next.epoch = epoch;
-                next.batches.clear();
+                if raises_epoch {
+                    next.batches.clear();
+                }
                 next.txn_first_offset = None;
                 next.coordinator_generation = m.coordinator_generation;
                 next.last_update_ms = now_ms;
@@ -842,6 +858,7 @@ mod tests {
             commit,
             coordinator_id: 1,
             coordinator_generation: generation,
+            transaction_version: 2,
         }
     }
 

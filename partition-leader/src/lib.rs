@@ -8,6 +8,8 @@
 //! - [`verify`]: asking the owning coordinator before a batch opens a transaction here.
 //! - [`service`]: the tonic shell ([`service::LeaderService`]), [`LeaderConfig`] and [`serve`].
 //! - [`error`]: the crate's [`Error`] and its single mapping to wire codes.
+//! - [`kafka`]: the Kafka face (Produce, Fetch, ListOffsets, DescribeProducers, idempotent
+//!   InitProducerId) over the same service functions the gRPC handlers call.
 //!
 //! One transactional Produce, walked through:
 //! 1. `service` finds the partition (UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER from the
@@ -30,9 +32,10 @@
 
 pub mod core;
 pub mod error;
+pub mod kafka;
 pub mod service;
 pub mod storage;
 pub mod verify;
 
 pub use error::Error;
-pub use service::{serve, serve_with, LeaderConfig, LeaderService};
+pub use service::{serve, serve_with, serve_with_kafka, LeaderConfig, LeaderService};

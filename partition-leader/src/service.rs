@@ -108,33 +108,35 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Internal(format!("storage task failed: {e}")))?
 }
 
 /// One partition this node leads.
-struct Partition {
-    tp: TopicPartition,
+pub(crate) struct Partition {
+    pub(crate) tp: TopicPartition,
     /// Serialises writes; held across the durable write (see the module docs).
     write_lock: Arc<tokio::sync::Mutex<()>>,
     /// The core state; only locked for synchronous core calls.
     state: Mutex<PartitionState>,
     /// Woken after every applied write (long-polling fetches wait on it).
-    appended: Notify,
+    pub(crate) appended: Notify,
     /// Set when a failed write could not be reconciled with storage: the partition answers
     /// KAFKA_STORAGE_ERROR until the leader restarts (Kafka takes the log dir offline).
     offline: std::sync::atomic::AtomicBool,
 }
 
 impl Partition {
-    fn state(&self) -> std::sync::MutexGuard<'_, PartitionState> {
+    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, PartitionState> {
         self.state.lock().expect("partition state poisoned")
     }
 
     /// KAFKA_STORAGE_ERROR once the partition went offline.
-    fn check_online(&self) -> Result<()> {
+    pub(crate) fn check_online(&self) -> Result<()> {
         if self.offline.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Storage(format!(
                 "{} is offline after a storage failure; restart the leader",
@@ -218,6 +220,21 @@ impl LeaderService {
         })
     }
 
+    /// The storage engine (the Kafka face scans it for Fetch and ListOffsets).
+    pub(crate) fn storage(&self) -> Arc<dyn Storage> {
+        self.inner.storage.clone()
+    }
+
+    /// Turns true when the leader is stopping (long polls end).
+    pub(crate) fn stopping(&self) -> watch::Receiver<bool> {
+        self.inner.shutdown.clone()
+    }
+
+    /// The cluster topology.
+    pub(crate) fn topology(&self) -> &Arc<Topology> {
+        &self.inner.topology
+    }
+
     /// Wraps the service for `tonic::transport::Server::add_service`, with message limits that
     /// let every batch within the configured limits through.
     pub fn into_server(self) -> PartitionLeaderServer<Self> {
@@ -227,7 +244,7 @@ impl LeaderService {
         PartitionLeaderServer::new(self).max_decoding_message_size(max_decoding)
     }
 
-    fn partition(&self, topic: &str, partition: i32) -> Result<Arc<Partition>> {
+    pub(crate) fn partition(&self, topic: &str, partition: i32) -> Result<Arc<Partition>> {
         let tp = TopicPartition::new(topic, partition);
         let Some(leader) = self.inner.topology.leader_for(topic, partition) else {
             return Err(Error::UnknownTopicOrPartition(format!(
@@ -305,7 +322,7 @@ impl LeaderService {
         .map_err(|e| Error::Internal(format!("write task failed: {e}")))?
     }
 
-    async fn produce_inner(&self, request: ProduceRequest) -> Result<ProduceResponse> {
+    pub(crate) async fn produce_inner(&self, request: ProduceRequest) -> Result<ProduceResponse> {
         let part = self.partition(&request.topic, request.partition)?;
         let batch = request
             .batch
@@ -507,7 +524,7 @@ impl LeaderService {
         self.persist(guard, part, plan, entries).await
     }
 
-    fn describe_producers_inner(
+    pub(crate) fn describe_producers_inner(
         &self,
         request: DescribeProducersRequest,
     ) -> Result<DescribeProducersResponse> {
@@ -601,6 +618,7 @@ impl PartitionLeader for LeaderService {
                             commit,
                             coordinator_id: request.coordinator_id,
                             coordinator_generation: request.coordinator_generation,
+                            transaction_version: request.transaction_version,
                         };
                         self.write_marker(&tp, marker).await
                     }
@@ -649,13 +667,31 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    serve_with_kafka(config, listener, None, shutdown).await
+}
+
+/// [`serve`], plus Kafka's protocol on `kafka_listener` when given (see [`crate::kafka`]).
+pub async fn serve_with_kafka(
+    config: LeaderConfig,
+    listener: tokio::net::TcpListener,
+    kafka_listener: Option<tokio::net::TcpListener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let dir = config.data_dir.clone();
     let storage = Arc::new(blocking(move || crate::storage::SledStorage::open(dir)).await?);
     let verifier = Arc::new(crate::verify::GrpcVerifier::new(
         config.topology.clone(),
         VERIFY_TIMEOUT,
     ));
-    let result = serve_with(config, storage.clone(), verifier, listener, shutdown).await;
+    let result = serve_inner(
+        config,
+        storage.clone(),
+        verifier,
+        listener,
+        kafka_listener,
+        shutdown,
+    )
+    .await;
     // Wait (bounded) for stragglers holding the storage, then flush and close sled.
     let deadline = Instant::now() + Duration::from_secs(10);
     while Arc::strong_count(&storage) > 1 && Instant::now() < deadline {
@@ -695,6 +731,17 @@ pub async fn serve_with(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    serve_inner(config, storage, verifier, listener, None, shutdown).await
+}
+
+async fn serve_inner(
+    config: LeaderConfig,
+    storage: Arc<dyn Storage>,
+    verifier: Arc<dyn TxnVerifier>,
+    listener: tokio::net::TcpListener,
+    kafka_listener: Option<tokio::net::TcpListener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let node_id = config.node_id;
     let topology = config.topology.clone();
@@ -710,15 +757,36 @@ pub async fn serve_with(
         partitions = service.inner.partitions.len(),
         "partition leader serving"
     );
+    let kafka = kafka_listener.map(|kafka_listener| {
+        let kafka_config = kafka_wire::ServerConfig::new(node_id, topology.clone());
+        let handler = Arc::new(crate::kafka::KafkaLeader::new(service.clone()));
+        let mut stopped = service.stopping();
+        tokio::spawn(kafka_wire::serve(
+            kafka_listener,
+            kafka_config,
+            handler,
+            async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            },
+        ))
+    });
     let shutdown = async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     };
-    tonic::transport::Server::builder()
+    let served = tonic::transport::Server::builder()
         .add_service(cluster::ClusterService::new(topology).into_server())
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(incoming(listener), shutdown)
-        .await?;
+        .await;
+    if let Some(kafka) = kafka {
+        match kafka.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!("kafka listener failed: {e}"),
+            Err(e) => warn!("kafka listener task failed: {e}"),
+        }
+    }
+    served?;
     info!(node_id, "partition leader stopped");
     Ok(())
 }
@@ -893,6 +961,7 @@ mod tests {
                 } as i32,
                 coordinator_id: 1,
                 coordinator_generation: 1,
+                transaction_version: 2,
                 partitions: partitions
                     .iter()
                     .map(|(t, p)| proto::TopicPartition {
@@ -1229,6 +1298,7 @@ mod tests {
                 result: 7,
                 coordinator_id: 1,
                 coordinator_generation: 1,
+                transaction_version: 2,
                 partitions: vec![proto::TopicPartition {
                     topic: "t".into(),
                     partition: 0,

@@ -66,6 +66,8 @@ impl IdempotentProducer {
                     transaction_timeout_ms: self.conn.config().transaction_timeout_ms,
                     expected_producer_id: -1,
                     expected_producer_epoch: -1,
+                    // Transaction version 2: every transaction ends with an epoch bump.
+                    transaction_version: 2,
                 };
                 let result = self
                     .conn

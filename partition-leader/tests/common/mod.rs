@@ -336,6 +336,7 @@ pub async fn markers(
         } as i32,
         coordinator_id: 1,
         coordinator_generation: generation,
+        transaction_version: 2,
         partitions: partitions
             .iter()
             .map(|p| proto::TopicPartition {
