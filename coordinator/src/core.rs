@@ -2538,7 +2538,7 @@ mod tests {
         assert_eq!(w.meta().state, TxnState::CompleteCommit);
         assert_eq!(w.meta().client_identity(), id);
         // The next transaction runs at the same epoch.
-        w.add(id, &[2]).reply.unwrap();
+        w.add(id, &[1]).reply.unwrap();
         assert_eq!(w.end(id, TxnResult::Abort).markers.unwrap().identity, id);
     }
 

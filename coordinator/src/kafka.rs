@@ -42,7 +42,7 @@ use kafka_protocol::messages::txn_offset_commit_response::{
 };
 use kafka_protocol::messages::{
     AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
-    AddPartitionsToTxnResponse, ApiKey, DescribeTransactionsRequest, DescribeTransactionsResponse,
+    AddPartitionsToTxnResponse, DescribeTransactionsRequest, DescribeTransactionsResponse,
     EndTxnRequest, EndTxnResponse, InitProducerIdRequest, InitProducerIdResponse,
     ListTransactionsRequest, ListTransactionsResponse, OffsetFetchRequest, OffsetFetchResponse,
     ProducerId, RequestKind, ResponseKind, TopicName, TransactionalId, TxnOffsetCommitRequest,
@@ -54,18 +54,6 @@ use proto::transaction_coordinator_server::TransactionCoordinator;
 use crate::core::TransactionVersion;
 use crate::service::{error_code, CoordinatorService};
 use crate::Error;
-
-/// What this face implements (see the module docs).
-const APIS: &[ApiRange] = &[
-    ApiRange::new(ApiKey::InitProducerId, 0, 4),
-    ApiRange::new(ApiKey::AddPartitionsToTxn, 0, 3),
-    ApiRange::new(ApiKey::AddOffsetsToTxn, 0, 3),
-    ApiRange::new(ApiKey::TxnOffsetCommit, 0, 3),
-    ApiRange::new(ApiKey::EndTxn, 0, 4),
-    ApiRange::new(ApiKey::OffsetFetch, 1, 7),
-    ApiRange::new(ApiKey::ListTransactions, 0, 1),
-    ApiRange::new(ApiKey::DescribeTransactions, 0, 0),
-];
 
 /// The coordinator's [`Handler`].
 pub struct KafkaCoordinator {
@@ -104,7 +92,7 @@ fn state_name(state: i32) -> &'static str {
 
 impl Handler for KafkaCoordinator {
     fn apis(&self) -> Vec<ApiRange> {
-        APIS.to_vec()
+        kafka_wire::apis::COORDINATOR_APIS.to_vec()
     }
 
     async fn handle(&self, request: Request) -> kafka_wire::Result<Option<ResponseKind>> {

@@ -1,9 +1,14 @@
-//! The API/version table a node advertises, and ApiVersions.
+//! The API/version table, and ApiVersions.
 //!
-//! A node advertises exactly what it implements: the APIs every node answers from the topology
-//! ([`COMMON_APIS`]) plus its [`crate::Handler`]'s. A request for an API or version outside the
-//! table closes the connection (Kafka's behaviour), except ApiVersions itself, which is answered
-//! with UNSUPPORTED_VERSION at version 0 so the client can retry with a version it finds there.
+//! Every node advertises the same table, exactly what the cluster implements: the APIs every
+//! node answers from the topology ([`COMMON_APIS`]), the partition leaders' ([`LEADER_APIS`]) and
+//! the coordinators' ([`COORDINATOR_APIS`]). Kafka clients assume every broker speaks the same
+//! APIs (kafka-python keeps the first broker's table for all of them), and a Kafka broker that is
+//! not a partition's leader or a key's coordinator answers NOT_LEADER_OR_FOLLOWER or
+//! NOT_COORDINATOR: so does a mini-broker node for the other role's APIs ([`crate::refuse`]).
+//! A request for an API or version outside the table closes the connection (Kafka's behaviour),
+//! except ApiVersions itself, which is answered with UNSUPPORTED_VERSION at version 0 so the
+//! client can retry with a version it finds there.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
@@ -38,13 +43,45 @@ pub const COMMON_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::FindCoordinator, 0, 4),
 ];
 
-/// The APIs one node serves.
+/// Served by the partition leaders (`partition_leader::kafka` says why these versions).
+pub const LEADER_APIS: &[ApiRange] = &[
+    ApiRange::new(ApiKey::Produce, 3, 9),
+    ApiRange::new(ApiKey::Fetch, 4, 11),
+    ApiRange::new(ApiKey::ListOffsets, 1, 7),
+    ApiRange::new(ApiKey::DescribeProducers, 0, 0),
+    ApiRange::new(ApiKey::InitProducerId, 0, 4),
+];
+
+/// Served by the coordinators (`coordinator::kafka` says why these versions).
+pub const COORDINATOR_APIS: &[ApiRange] = &[
+    ApiRange::new(ApiKey::InitProducerId, 0, 4),
+    ApiRange::new(ApiKey::AddPartitionsToTxn, 0, 3),
+    ApiRange::new(ApiKey::AddOffsetsToTxn, 0, 3),
+    ApiRange::new(ApiKey::TxnOffsetCommit, 0, 3),
+    ApiRange::new(ApiKey::EndTxn, 0, 4),
+    ApiRange::new(ApiKey::OffsetFetch, 1, 7),
+    ApiRange::new(ApiKey::ListTransactions, 0, 1),
+    ApiRange::new(ApiKey::DescribeTransactions, 0, 0),
+];
+
+/// The APIs one table holds.
 #[derive(Clone, Debug)]
 pub struct ApiTable {
     apis: Vec<ApiRange>,
 }
 
 impl ApiTable {
+    /// The cluster's table: [`COMMON_APIS`], [`LEADER_APIS`] and [`COORDINATOR_APIS`].
+    pub fn cluster() -> Self {
+        let mut node_apis = LEADER_APIS.to_vec();
+        for api in COORDINATOR_APIS {
+            if node_apis.iter().all(|a| a.key != api.key) {
+                node_apis.push(*api);
+            }
+        }
+        Self::new(&node_apis)
+    }
+
     /// [`COMMON_APIS`] plus `node_apis` (a node API that repeats a common one replaces it).
     pub fn new(node_apis: &[ApiRange]) -> Self {
         let mut apis: Vec<ApiRange> = COMMON_APIS
@@ -110,5 +147,20 @@ mod tests {
         let response = table.api_versions(None);
         assert_eq!(response.api_keys.len(), 4);
         assert_eq!(response.error_code, 0);
+    }
+
+    #[test]
+    fn the_cluster_table_is_the_union_and_roles_agree_on_shared_apis() {
+        let table = ApiTable::cluster();
+        for api in COMMON_APIS
+            .iter()
+            .chain(LEADER_APIS)
+            .chain(COORDINATOR_APIS)
+        {
+            assert_eq!(table.range(api.key), Some(*api), "{api:?}");
+            let valid = api.key.valid_versions();
+            assert!(api.min >= valid.min && api.max <= valid.max, "{api:?}");
+        }
+        assert_eq!(table.apis().len(), 3 + 5 + 8 - 1);
     }
 }

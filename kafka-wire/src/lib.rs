@@ -13,10 +13,12 @@
 //! - [`metadata`]: Metadata and FindCoordinator, answered from the static [`cluster::Topology`]
 //!   (every node answers them the same way).
 //! - [`codes`]: mini-broker's wire error codes -> Kafka's error codes, in one table.
+//! - [`refuse`]: the answers of a node of the other role (NOT_LEADER_OR_FOLLOWER,
+//!   NOT_COORDINATOR), since every node advertises the cluster's whole table.
 //!
 //! One request walked through: [`server::serve`] accepts a connection and spawns its task; the
 //! task reads a 4-byte length, refuses it if it is over [`server::ServerConfig::max_frame_bytes`],
-//! reads the frame, peeks api key and version, checks them against [`apis::ApiTable`] (an
+//! reads the frame, peeks api key and version, checks them against the cluster's [`apis::ApiTable`] (an
 //! unknown key or version closes the connection, except ApiVersions, which answers
 //! UNSUPPORTED_VERSION as Kafka does), decodes header and body with `kafka-protocol`, answers
 //! ApiVersions/Metadata/FindCoordinator itself and hands everything else to the node's
@@ -32,6 +34,7 @@
 pub mod apis;
 pub mod codes;
 pub mod metadata;
+pub mod refuse;
 pub mod server;
 
 pub use apis::{ApiRange, ApiTable};

@@ -45,7 +45,9 @@ pub struct Request {
 
 /// What a node answers on its Kafka face beyond ApiVersions, Metadata and FindCoordinator.
 pub trait Handler: Send + Sync + 'static {
-    /// The APIs and versions this node implements (advertised in ApiVersions exactly).
+    /// The APIs and versions this node answers itself ([`crate::apis::LEADER_APIS`] or
+    /// [`crate::apis::COORDINATOR_APIS`]); the rest of the cluster's table is refused as a
+    /// Kafka broker of the other role would ([`crate::refuse`]).
     fn apis(&self) -> Vec<ApiRange>;
 
     /// Answers one request (only ever called for an API and version from [`Handler::apis`]).
@@ -86,7 +88,10 @@ impl ServerConfig {
 
 struct Shared<H> {
     config: ServerConfig,
+    /// What the cluster serves: advertised, and checked before decoding.
     table: ApiTable,
+    /// What this node's handler serves; the rest is refused as the other role.
+    served: ApiTable,
     handler: Arc<H>,
 }
 
@@ -98,10 +103,10 @@ pub async fn serve<H: Handler>(
     handler: Arc<H>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<()> {
-    let table = ApiTable::new(&handler.apis());
     let shared = Arc::new(Shared {
         config,
-        table,
+        table: ApiTable::cluster(),
+        served: ApiTable::new(&handler.apis()),
         handler,
     });
     let address = listener.local_addr()?;
@@ -239,6 +244,10 @@ async fn answer<H: Handler>(
         RequestKind::FindCoordinator(request) => Some(ResponseKind::FindCoordinator(
             metadata::find_coordinator(&config.topology, &request, version),
         )),
+        body if !shared.served.supports(api_key, version) => {
+            debug!(api = ?api_key, version, correlation_id, "kafka request for the other role");
+            crate::refuse::not_served_here(&body, version)
+        }
         body => {
             debug!(api = ?api_key, version, correlation_id, "kafka request");
             shared

@@ -43,7 +43,7 @@ use kafka_protocol::messages::fetch_response::{AbortedTransaction, PartitionData
 use kafka_protocol::messages::list_offsets_response::ListOffsetsPartitionResponse;
 use kafka_protocol::messages::produce_response::PartitionProduceResponse;
 use kafka_protocol::messages::{
-    ApiKey, DescribeProducersRequest, DescribeProducersResponse, FetchRequest, FetchResponse,
+    DescribeProducersRequest, DescribeProducersResponse, FetchRequest, FetchResponse,
     InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
     ProduceRequest, ProduceResponse, ProducerId, RequestKind, ResponseKind,
 };
@@ -58,15 +58,6 @@ use tracing::debug;
 use crate::core::LogEntry;
 use crate::error::{Error, Result};
 use crate::service::{blocking, LeaderService, Partition, MAX_FETCH_BYTES, MAX_WAIT_CAP};
-
-/// What this face implements (see the module docs for why these versions).
-const APIS: &[ApiRange] = &[
-    ApiRange::new(ApiKey::Produce, 3, 9),
-    ApiRange::new(ApiKey::Fetch, 4, 11),
-    ApiRange::new(ApiKey::ListOffsets, 1, 7),
-    ApiRange::new(ApiKey::DescribeProducers, 0, 0),
-    ApiRange::new(ApiKey::InitProducerId, 0, 4),
-];
 
 /// Kafka's isolation level byte for read_committed.
 const READ_COMMITTED: i8 = 1;
@@ -94,7 +85,7 @@ fn error_code(e: &Error) -> i16 {
 
 impl Handler for KafkaLeader {
     fn apis(&self) -> Vec<ApiRange> {
-        APIS.to_vec()
+        kafka_wire::apis::LEADER_APIS.to_vec()
     }
 
     async fn handle(&self, request: Request) -> kafka_wire::Result<Option<ResponseKind>> {

@@ -1,0 +1,361 @@
+//! Real Kafka clients against mini-broker's Kafka face (issue "Speak Kafka").
+//!
+//! Each test starts an [`minibroker::EmbeddedCluster`] (every node has a Kafka listener on
+//! loopback) and runs a client against its Kafka bootstrap list: the Python scripts in
+//! `integration-tests/kafka/` (confluent-kafka, i.e. librdkafka, and kafka-python), `kcat`, or
+//! raw sockets. A script prints one JSON object on its last line and exits non-zero when one of
+//! its own checks fails; the test asserts on both.
+//!
+//! The Python interpreter is `$MINIBROKER_KAFKA_PYTHON`, else `target/kafka-venv/bin/python`
+//! (`.ci/run` creates it with the pinned packages). Without it, or without `kcat`, those tests
+//! pass with a notice, unless `MINIBROKER_REQUIRE_KAFKA_CLIENTS=1` (CI sets it): then they fail.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use integration_tests::{cluster, config, read_topic, tp};
+use producer_client::{IdempotentProducer, Isolation};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Longest a client script may run.
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
+
+fn require_clients() -> bool {
+    matches!(
+        std::env::var("MINIBROKER_REQUIRE_KAFKA_CLIENTS").as_deref(),
+        Ok("1") | Ok("true") | Ok("yes")
+    )
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// The Python with confluent-kafka and kafka-python, or `None` (after the notice / failure).
+async fn python() -> Option<PathBuf> {
+    let python = std::env::var_os("MINIBROKER_KAFKA_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/kafka-venv/bin/python"));
+    let ok = tokio::process::Command::new(&python)
+        .args(["-c", "import confluent_kafka, kafka"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(python);
+    }
+    let message = format!(
+        "{} cannot import confluent_kafka and kafka (set MINIBROKER_KAFKA_PYTHON, or run .ci/run \
+         once to create target/kafka-venv)",
+        python.display()
+    );
+    assert!(
+        !require_clients(),
+        "MINIBROKER_REQUIRE_KAFKA_CLIENTS=1: {message}"
+    );
+    eprintln!("SKIPPED: {message}");
+    None
+}
+
+/// Runs `script` from `integration-tests/kafka/` with the bootstrap list and `args`; returns
+/// the JSON it printed last. Fails the test if the script fails or times out.
+async fn run_script(python: &Path, script: &str, bootstrap: &str, args: &[&str]) -> Value {
+    let dir = repo_root().join("integration-tests/kafka");
+    let child = tokio::process::Command::new(python)
+        .arg(dir.join(script))
+        .arg(bootstrap)
+        .args(args)
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python starts");
+    let output = tokio::time::timeout(SCRIPT_TIMEOUT, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{script} did not finish within {SCRIPT_TIMEOUT:?}"))
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{script} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("{script}: last line is not JSON ({e}): {stdout}\n{stderr}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_transactions_commit_and_abort_across_partitions() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "txn_producer.py", &bootstrap, &["output", "200"]).await;
+    assert_eq!(report["transactions"], 200);
+    assert_eq!(report["aborted"], 66);
+    assert_eq!(report["committed_records"], 402);
+    assert_eq!(report["read_committed"], 402);
+    assert_eq!(report["read_uncommitted"], 600);
+    // Our own read_committed consumer (gRPC) agrees with librdkafka's filtering.
+    let ours = read_topic(&cluster, "output", Isolation::ReadCommitted).await;
+    assert_eq!(ours.values().map(Vec::len).sum::<usize>(), 402);
+    cluster.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_zombie_is_fenced_by_a_new_instance() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "fencing_confluent.py", &bootstrap, &["output"]).await;
+    assert_eq!(report["a_error"], "_FENCED", "{report}");
+    assert_eq!(report["a_fatal"], true, "{report}");
+    assert_eq!(report["a_txn_requires_abort"], false, "{report}");
+    assert_eq!(report["b_committed"], 3);
+    assert_eq!(report["a_visible"], 0);
+    cluster.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_python_zombie_is_fenced_by_a_new_instance() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "fencing_kafka_python.py", &bootstrap, &["output"]).await;
+    let error = report["a_error"].as_str().unwrap_or_default();
+    assert!(
+        ["InvalidProducerEpochError", "ProducerFencedError"].contains(&error),
+        "{report}"
+    );
+    assert_eq!(report["b_committed"], 3);
+    cluster.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grpc_and_kafka_clients_read_each_others_records() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let mut grpc = IdempotentProducer::connect(config(&cluster)).await.unwrap();
+    let target = producer_client::Target::PartitionWithKey(0, b"grpc-key".to_vec());
+    let written = grpc.send("input", target, "from-grpc").await.unwrap();
+    let report = run_script(&python, "mixed.py", &bootstrap, &["input", "from-grpc"]).await;
+    assert_eq!(report["grpc_offset"], written.offset, "{report}");
+    let kafka_offset = report["kafka_offset"].as_i64().unwrap();
+    let mut consumer =
+        producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    consumer.assign([tp("input", 0)]);
+    let records = consumer.read_to_end(Duration::from_secs(20)).await.unwrap();
+    let theirs = records
+        .iter()
+        .find(|r| r.offset == kafka_offset)
+        .expect("the Kafka client's record");
+    assert_eq!(theirs.value, b"from-kafka");
+    assert_eq!(theirs.key, b"kafka-key");
+    assert_eq!(theirs.timestamp_ms, 1_700_000_000_123);
+    cluster.shutdown().await.unwrap();
+}
+
+/// `kcat` if installed (else the notice, or a failure under MINIBROKER_REQUIRE_KAFKA_CLIENTS=1).
+async fn kcat() -> Option<&'static str> {
+    let ok = tokio::process::Command::new("kcat")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some("kcat");
+    }
+    assert!(
+        !require_clients(),
+        "MINIBROKER_REQUIRE_KAFKA_CLIENTS=1: kcat is not installed"
+    );
+    eprintln!("SKIPPED: kcat is not installed (apt-get install -y kcat)");
+    None
+}
+
+async fn run_kcat(kcat: &str, args: &[&str], input: &[u8]) -> String {
+    let mut child = tokio::process::Command::new(kcat)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kcat starts");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(SCRIPT_TIMEOUT, child.wait_with_output())
+        .await
+        .expect("kcat finishes")
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "kcat {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kcat_produces_and_consumes_read_committed() {
+    let Some(kcat) = kcat().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let lines = b"a:one\nb:two\nc:three\n";
+    run_kcat(
+        kcat,
+        &["-b", &bootstrap, "-P", "-t", "input", "-p", "1", "-K:"],
+        lines,
+    )
+    .await;
+    let out = run_kcat(
+        kcat,
+        &[
+            "-b",
+            &bootstrap,
+            "-C",
+            "-t",
+            "input",
+            "-p",
+            "1",
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+            "-X",
+            "isolation.level=read_committed",
+            "-f",
+            "%o %k %s\\n",
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(out, "0 a one\n1 b two\n2 c three\n");
+    // The gRPC consumer sees the same records.
+    let ours = read_topic(&cluster, "input", Isolation::ReadCommitted).await;
+    assert_eq!(ours[&1], vec!["one", "two", "three"]);
+    cluster.shutdown().await.unwrap();
+}
+
+// ---- bad input on the Kafka port: raw sockets ------------------------------------------------
+
+/// An ApiVersions v0 request frame with `correlation_id` (api key 18, version `version`).
+fn api_versions_frame(version: i16, correlation_id: i32) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&18i16.to_be_bytes());
+    body.extend_from_slice(&version.to_be_bytes());
+    body.extend_from_slice(&correlation_id.to_be_bytes());
+    body.extend_from_slice(&(-1i16).to_be_bytes()); // null client id
+    let mut frame = (body.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Reads one response frame: (correlation id, error code of an ApiVersions v0 body).
+async fn read_api_versions(stream: &mut TcpStream) -> (i32, i16) {
+    let len = stream.read_i32().await.expect("a response");
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body).await.unwrap();
+    let correlation = i32::from_be_bytes(body[0..4].try_into().unwrap());
+    let error = i16::from_be_bytes(body[4..6].try_into().unwrap());
+    (correlation, error)
+}
+
+/// Whether the server closed `stream` (EOF or reset) within a few seconds.
+async fn closed(stream: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => true,
+        Ok(Ok(_)) | Err(_) => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_costs_one_connection_and_the_node_serves_the_next_client() {
+    let cluster = cluster().await;
+    let leader = cluster.leader_ids()[0];
+    let address = cluster.kafka_address(leader).unwrap();
+
+    // An oversized frame: refused from its length alone (2 GiB is never allocated).
+    let mut s = TcpStream::connect(address).await.unwrap();
+    s.write_all(&i32::MAX.to_be_bytes()).await.unwrap();
+    assert!(closed(&mut s).await, "oversized frame");
+
+    // Garbage: a plausible length, then noise that is no request.
+    let mut s = TcpStream::connect(address).await.unwrap();
+    let mut garbage = 64i32.to_be_bytes().to_vec();
+    garbage.extend((0..64u8).map(|i| i.wrapping_mul(37)));
+    s.write_all(&garbage).await.unwrap();
+    assert!(closed(&mut s).await, "garbage");
+
+    // A Produce whose body is cut short (the frame is complete, the message is not).
+    let mut s = TcpStream::connect(address).await.unwrap();
+    let mut truncated = Vec::new();
+    truncated.extend_from_slice(&0i16.to_be_bytes()); // Produce
+    truncated.extend_from_slice(&7i16.to_be_bytes());
+    truncated.extend_from_slice(&1i32.to_be_bytes());
+    truncated.extend_from_slice(&(-1i16).to_be_bytes());
+    truncated.extend_from_slice(&(-1i16).to_be_bytes()); // transactional id: null
+    truncated.extend_from_slice(&(-1i16).to_be_bytes()); // acks
+    let mut frame = (truncated.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&truncated);
+    s.write_all(&frame).await.unwrap();
+    assert!(closed(&mut s).await, "truncated request");
+
+    // A frame that stops half-way, then the peer goes away.
+    let mut s = TcpStream::connect(address).await.unwrap();
+    s.write_all(&100i32.to_be_bytes()).await.unwrap();
+    s.write_all(&[0u8; 10]).await.unwrap();
+    drop(s);
+
+    // A forged array length inside a small request (would be a 2^31-element allocation).
+    let mut s = TcpStream::connect(address).await.unwrap();
+    let mut forged = Vec::new();
+    forged.extend_from_slice(&3i16.to_be_bytes()); // Metadata v1
+    forged.extend_from_slice(&1i16.to_be_bytes());
+    forged.extend_from_slice(&2i32.to_be_bytes());
+    forged.extend_from_slice(&(-1i16).to_be_bytes());
+    forged.extend_from_slice(&i32::MAX.to_be_bytes()); // topics: 2^31 - 1 of them
+    let mut frame = (forged.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&forged);
+    s.write_all(&frame).await.unwrap();
+    assert!(closed(&mut s).await, "forged array length");
+
+    // An unknown API key: closed without a response.
+    let mut s = TcpStream::connect(address).await.unwrap();
+    let mut unknown = api_versions_frame(0, 3);
+    unknown[4..6].copy_from_slice(&999i16.to_be_bytes());
+    s.write_all(&unknown).await.unwrap();
+    assert!(closed(&mut s).await, "unknown api key");
+
+    // ApiVersions at a version the node does not speak: UNSUPPORTED_VERSION (35), as Kafka does.
+    let mut s = TcpStream::connect(address).await.unwrap();
+    s.write_all(&api_versions_frame(99, 4)).await.unwrap();
+    assert_eq!(read_api_versions(&mut s).await, (4, 35));
+
+    // The node is up: a new client is served, and pipelined requests come back in order.
+    let mut s = TcpStream::connect(address).await.unwrap();
+    let mut two = api_versions_frame(0, 10);
+    two.extend(api_versions_frame(0, 11));
+    s.write_all(&two).await.unwrap();
+    assert_eq!(read_api_versions(&mut s).await, (10, 0));
+    assert_eq!(read_api_versions(&mut s).await, (11, 0));
+    // And the gRPC face still works, with nothing stored by the bad requests.
+    let ours = read_topic(&cluster, "input", Isolation::ReadUncommitted).await;
+    assert!(ours.values().all(Vec::is_empty), "{ours:?}");
+    cluster.shutdown().await.unwrap();
+}

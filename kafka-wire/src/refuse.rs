@@ -1,0 +1,253 @@
+//! Answers for the APIs of the other role: what a Kafka broker says when it is not the
+//! partition's leader (NOT_LEADER_OR_FOLLOWER, per partition) or not the key's coordinator
+//! (NOT_COORDINATOR). Clients then refresh their metadata or find the coordinator again.
+//! ListTransactions on a node that coordinates nothing is an empty list, as on a Kafka broker
+//! without transaction state partitions.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
+};
+use kafka_protocol::messages::describe_producers_response::{
+    PartitionResponse as DescribePartition, TopicResponse as DescribeTopic,
+};
+use kafka_protocol::messages::describe_transactions_response::TransactionState;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponsePartition, OffsetFetchResponseTopic,
+};
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::{
+    AddOffsetsToTxnResponse, AddPartitionsToTxnResponse, DescribeProducersResponse,
+    DescribeTransactionsResponse, EndTxnResponse, FetchResponse, InitProducerIdResponse,
+    ListOffsetsResponse, ListTransactionsResponse, OffsetFetchResponse, ProduceResponse,
+    ProducerId, RequestKind, ResponseKind, TxnOffsetCommitResponse,
+};
+
+/// The refusal of `request` (at `version`) by a node of the other role; `None` for a request
+/// that gets no response (Produce with acks=0) or that no role serves.
+pub fn not_served_here(request: &RequestKind, version: i16) -> Option<ResponseKind> {
+    let not_leader = ResponseError::NotLeaderOrFollower.code();
+    let not_coordinator = ResponseError::NotCoordinator.code();
+    Some(match request {
+        RequestKind::Produce(r) => {
+            if r.acks == 0 {
+                return None;
+            }
+            let mut response = ProduceResponse::default();
+            response.responses = r
+                .topic_data
+                .iter()
+                .map(|t| {
+                    let mut topic = TopicProduceResponse::default();
+                    topic.name = t.name.clone();
+                    topic.partition_responses = t
+                        .partition_data
+                        .iter()
+                        .map(|p| {
+                            let mut out = PartitionProduceResponse::default();
+                            out.index = p.index;
+                            out.error_code = not_leader;
+                            out.base_offset = -1;
+                            out
+                        })
+                        .collect();
+                    topic
+                })
+                .collect();
+            ResponseKind::Produce(response)
+        }
+        RequestKind::Fetch(r) => {
+            let mut response = FetchResponse::default();
+            response.responses = r
+                .topics
+                .iter()
+                .map(|t| {
+                    let mut topic = FetchableTopicResponse::default();
+                    topic.topic = t.topic.clone();
+                    topic.partitions = t
+                        .partitions
+                        .iter()
+                        .map(|p| {
+                            let mut out = PartitionData::default();
+                            out.partition_index = p.partition;
+                            out.error_code = not_leader;
+                            out.high_watermark = -1;
+                            out
+                        })
+                        .collect();
+                    topic
+                })
+                .collect();
+            ResponseKind::Fetch(response)
+        }
+        RequestKind::ListOffsets(r) => {
+            let mut response = ListOffsetsResponse::default();
+            response.topics = r
+                .topics
+                .iter()
+                .map(|t| {
+                    let mut topic = ListOffsetsTopicResponse::default();
+                    topic.name = t.name.clone();
+                    topic.partitions = t
+                        .partitions
+                        .iter()
+                        .map(|p| {
+                            let mut out = ListOffsetsPartitionResponse::default();
+                            out.partition_index = p.partition_index;
+                            out.error_code = not_leader;
+                            out.offset = -1;
+                            out.timestamp = -1;
+                            out
+                        })
+                        .collect();
+                    topic
+                })
+                .collect();
+            ResponseKind::ListOffsets(response)
+        }
+        RequestKind::DescribeProducers(r) => {
+            let mut response = DescribeProducersResponse::default();
+            response.topics = r
+                .topics
+                .iter()
+                .map(|t| {
+                    let mut topic = DescribeTopic::default();
+                    topic.name = t.name.clone();
+                    topic.partitions = t
+                        .partition_indexes
+                        .iter()
+                        .map(|&p| {
+                            let mut out = DescribePartition::default();
+                            out.partition_index = p;
+                            out.error_code = not_leader;
+                            out
+                        })
+                        .collect();
+                    topic
+                })
+                .collect();
+            ResponseKind::DescribeProducers(response)
+        }
+        RequestKind::InitProducerId(_) => {
+            let mut response = InitProducerIdResponse::default();
+            response.error_code = not_coordinator;
+            response.producer_id = ProducerId(-1);
+            response.producer_epoch = -1;
+            ResponseKind::InitProducerId(response)
+        }
+        RequestKind::AddPartitionsToTxn(r) => {
+            let mut response = AddPartitionsToTxnResponse::default();
+            response.results_by_topic_v3_and_below = r
+                .v3_and_below_topics
+                .iter()
+                .map(|t| {
+                    let mut topic = AddPartitionsToTxnTopicResult::default();
+                    topic.name = t.name.clone();
+                    topic.results_by_partition = t
+                        .partitions
+                        .iter()
+                        .map(|&p| {
+                            let mut out = AddPartitionsToTxnPartitionResult::default();
+                            out.partition_index = p;
+                            out.partition_error_code = not_coordinator;
+                            out
+                        })
+                        .collect();
+                    topic
+                })
+                .collect();
+            ResponseKind::AddPartitionsToTxn(response)
+        }
+        RequestKind::AddOffsetsToTxn(_) => {
+            let mut response = AddOffsetsToTxnResponse::default();
+            response.error_code = not_coordinator;
+            ResponseKind::AddOffsetsToTxn(response)
+        }
+        RequestKind::EndTxn(_) => {
+            let mut response = EndTxnResponse::default();
+            response.error_code = not_coordinator;
+            response.producer_id = ProducerId(-1);
+            response.producer_epoch = -1;
+            ResponseKind::EndTxn(response)
+        }
+        RequestKind::TxnOffsetCommit(r) => {
+            let mut response = TxnOffsetCommitResponse::default();
+            response.topics = r
+                .topics
+                .iter()
+                .map(|t| {
+                    let mut topic = TxnOffsetCommitResponseTopic::default();
+                    topic.name = t.name.clone();
+                    topic.partitions = t
+                        .partitions
+                        .iter()
+                        .map(|p| {
+                            let mut out = TxnOffsetCommitResponsePartition::default();
+                            out.partition_index = p.partition_index;
+                            out.error_code = not_coordinator;
+                            out
+                        })
+                        .collect();
+                    topic
+                })
+                .collect();
+            ResponseKind::TxnOffsetCommit(response)
+        }
+        RequestKind::OffsetFetch(r) => {
+            let mut response = OffsetFetchResponse::default();
+            if version >= 2 {
+                response.error_code = not_coordinator;
+            } else {
+                response.topics = r
+                    .topics
+                    .iter()
+                    .flatten()
+                    .map(|t| {
+                        let mut topic = OffsetFetchResponseTopic::default();
+                        topic.name = t.name.clone();
+                        topic.partitions = t
+                            .partition_indexes
+                            .iter()
+                            .map(|&p| {
+                                let mut out = OffsetFetchResponsePartition::default();
+                                out.partition_index = p;
+                                out.committed_offset = -1;
+                                out.error_code = not_coordinator;
+                                out
+                            })
+                            .collect();
+                        topic
+                    })
+                    .collect();
+            }
+            ResponseKind::OffsetFetch(response)
+        }
+        RequestKind::ListTransactions(_) => {
+            ResponseKind::ListTransactions(ListTransactionsResponse::default())
+        }
+        RequestKind::DescribeTransactions(r) => {
+            let mut response = DescribeTransactionsResponse::default();
+            response.transaction_states = r
+                .transactional_ids
+                .iter()
+                .map(|id| {
+                    let mut out = TransactionState::default();
+                    out.transactional_id = id.clone();
+                    out.error_code = not_coordinator;
+                    out.producer_id = ProducerId(-1);
+                    out.producer_epoch = -1;
+                    out
+                })
+                .collect();
+            ResponseKind::DescribeTransactions(response)
+        }
+        _ => return None,
+    })
+}
