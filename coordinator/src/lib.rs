@@ -9,6 +9,8 @@
 //! - [`kafka`]: the Kafka face (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn,
 //!   TxnOffsetCommit, EndTxn, OffsetFetch, ListTransactions, DescribeTransactions), calling the
 //!   gRPC service's functions in-process.
+//! - [`membership`]: Kafka's classic consumer-group membership (JoinGroup, SyncGroup,
+//!   Heartbeat, LeaveGroup) as a pure state machine, and the KIP-447 generation check.
 //! - [`service`]: the tonic shell: [`serve`], proto <-> domain, routing and input checks,
 //!   per-id serialisation, markers to partition leaders, recovery on start, the timeout scan.
 //!
@@ -31,6 +33,7 @@
 
 pub mod core;
 pub mod kafka;
+pub mod membership;
 pub mod service;
 pub mod storage;
 

@@ -308,7 +308,8 @@ struct Shared {
     tasks: Mutex<JoinSet<()>>,
 }
 
-fn now_ms() -> i64 {
+/// Unix time in milliseconds.
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -978,6 +979,56 @@ impl CoordinatorService {
     /// The cluster topology.
     pub(crate) fn topology(&self) -> &Topology {
         &self.shared.topology
+    }
+
+    /// This node's id.
+    pub(crate) fn node_id(&self) -> NodeId {
+        self.shared.node_id
+    }
+
+    /// NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS unless this node serves `key` now.
+    pub(crate) fn check_owner(&self, key: &str) -> Result<(), Error> {
+        self.shared.check_owner(key)
+    }
+
+    /// Whether the coordinator is stopping.
+    pub(crate) fn stopping(&self) -> watch::Receiver<bool> {
+        self.shared.stop.subscribe()
+    }
+
+    /// Kafka's OffsetCommit outside a transaction (the membership check is the Kafka face's):
+    /// the same input checks as TxnOffsetCommit, then the offsets are written durably under the
+    /// group's lock, which the group markers take too.
+    pub(crate) async fn offset_commit(
+        &self,
+        group: String,
+        offsets: Vec<proto::PartitionOffset>,
+    ) -> Result<(), Error> {
+        let s = &self.shared;
+        check_id("group id", &group)?;
+        check_list_len("offsets", offsets.len())?;
+        let mut checked = PendingOffsets::new();
+        for o in offsets {
+            check_topic(&o.topic)?;
+            if o.offset < 0 {
+                return Err(invalid(format!("offset {} is negative", o.offset)));
+            }
+            if !s.topology.partition_exists(&o.topic, o.partition) {
+                return Err(Error::Protocol(core::TxnError::UnknownTopicOrPartition(
+                    format!(
+                        "{}-{} does not exist; no offset was committed",
+                        o.topic, o.partition
+                    ),
+                )));
+            }
+            checked.insert(TopicPartition::new(o.topic, o.partition), o.offset);
+        }
+        s.check_owner(&group)?;
+        let lock = s.group_lock(&group);
+        let _guard = lock.lock().await;
+        s.blocking(move |st| st.commit_group_offsets(&group, &checked))
+            .await?;
+        Ok(())
     }
 
     pub(crate) async fn init_producer_id(

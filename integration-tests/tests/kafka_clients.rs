@@ -359,3 +359,147 @@ async fn bad_input_costs_one_connection_and_the_node_serves_the_next_client() {
     assert!(ours.values().all(Vec::is_empty), "{ours:?}");
     cluster.shutdown().await.unwrap();
 }
+
+// ---- consume-transform-produce with a consumer group --------------------------------------
+
+/// A running `processor.py`, its "committed N" lines readable.
+struct Processor {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+async fn start_processor(python: &Path, bootstrap: &str, txn_id: &str, stop: &Path) -> Processor {
+    let dir = repo_root().join("integration-tests/kafka");
+    let mut child = tokio::process::Command::new(python)
+        .arg(dir.join("processor.py"))
+        .args([bootstrap, "ctp", txn_id])
+        .arg(stop)
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python starts");
+    let stdout = child.stdout.take().unwrap();
+    Processor {
+        child,
+        lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+    }
+}
+
+impl Processor {
+    /// Waits until the processor reports at least `records` committed.
+    async fn committed_at_least(&mut self, records: u64) {
+        let wait = async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                let done = line
+                    .strip_prefix("committed ")
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .is_some_and(|n| n >= records);
+                if done {
+                    return;
+                }
+            }
+            panic!("the processor exited before committing {records} records");
+        };
+        tokio::time::timeout(SCRIPT_TIMEOUT, wait)
+            .await
+            .expect("the processor makes progress");
+    }
+
+    /// Waits for a clean exit after the stop file appeared; returns what it printed last.
+    async fn finish(mut self) -> Value {
+        let mut last = String::new();
+        let read = async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                last = line;
+            }
+            self.child.wait().await.unwrap()
+        };
+        let status = tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("the processor stops");
+        assert!(status.success(), "processor failed: {status}");
+        serde_json::from_str(&last).unwrap_or_else(|e| panic!("{e}: {last}"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_killed_processor() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    const PER_PARTITION: usize = 400;
+    let mut input = IdempotentProducer::connect(config(&cluster)).await.unwrap();
+    let mut expected = std::collections::BTreeSet::new();
+    for p in 0..3 {
+        for chunk in 0..(PER_PARTITION / 50) {
+            let values: Vec<Vec<u8>> = (0..50)
+                .map(|i| format!("in-{p}-{}", chunk * 50 + i).into_bytes())
+                .collect();
+            for v in &values {
+                expected.insert(format!("out-{}", String::from_utf8_lossy(v)));
+            }
+            input
+                .send_batch("input", producer_client::Target::Partition(p), values)
+                .await
+                .unwrap();
+        }
+    }
+    let dir = tempfile_dir();
+    let stop = dir.join("stop");
+    let mut a = start_processor(&python, &bootstrap, "processor-a", &stop).await;
+    let b = start_processor(&python, &bootstrap, "processor-b", &stop).await;
+    a.committed_at_least(100).await;
+    // Kill A mid-run (no LeaveGroup, maybe an open transaction) and start its replacement.
+    a.child.start_kill().unwrap();
+    a.child.wait().await.unwrap();
+    let a2 = start_processor(&python, &bootstrap, "processor-a", &stop).await;
+
+    let total = expected.len();
+    integration_tests::wait_until(SCRIPT_TIMEOUT, "every input record processed", || {
+        let cluster = &cluster;
+        async move {
+            let out =
+                integration_tests::read_topic_now(cluster, "output", Isolation::ReadCommitted)
+                    .await;
+            out.values().map(Vec::len).sum::<usize>() >= total
+        }
+    })
+    .await;
+    std::fs::write(&stop, b"stop").unwrap();
+    let (rb, ra2) = (b.finish().await, a2.finish().await);
+
+    // Exactly once: every input record's output is there once, nothing else.
+    let out = read_topic(&cluster, "output", Isolation::ReadCommitted).await;
+    let values: Vec<&String> = out.values().flatten().collect();
+    assert_eq!(values.len(), total, "duplicates or losses ({rb}, {ra2})");
+    let got: std::collections::BTreeSet<String> = values.into_iter().cloned().collect();
+    assert_eq!(got, expected);
+    // The group's committed offsets are the end of the input.
+    let mut consumer =
+        producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    let committed = consumer.committed_offsets("ctp", &[]).await.unwrap();
+    for p in 0..3 {
+        assert_eq!(
+            committed.get(&tp("input", p)),
+            Some(&(PER_PARTITION as i64)),
+            "{committed:?}"
+        );
+    }
+    cluster.shutdown().await.unwrap();
+}
+
+/// A fresh directory under the system temp dir (removed by the OS; tests never share one).
+fn tempfile_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "minibroker-kafka-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

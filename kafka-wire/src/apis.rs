@@ -62,6 +62,11 @@ pub const COORDINATOR_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::OffsetFetch, 1, 7),
     ApiRange::new(ApiKey::ListTransactions, 0, 1),
     ApiRange::new(ApiKey::DescribeTransactions, 0, 0),
+    ApiRange::new(ApiKey::OffsetCommit, 2, 8),
+    ApiRange::new(ApiKey::JoinGroup, 0, 7),
+    ApiRange::new(ApiKey::SyncGroup, 0, 5),
+    ApiRange::new(ApiKey::Heartbeat, 0, 4),
+    ApiRange::new(ApiKey::LeaveGroup, 0, 4),
 ];
 
 /// The APIs one table holds.
@@ -161,6 +166,6 @@ mod tests {
             let valid = api.key.valid_versions();
             assert!(api.min >= valid.min && api.max <= valid.max, "{api:?}");
         }
-        assert_eq!(table.apis().len(), 3 + 5 + 8 - 1);
+        assert_eq!(table.apis().len(), 3 + 5 + 13 - 1);
     }
 }

@@ -16,6 +16,9 @@ use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, Partition
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
 use kafka_protocol::messages::offset_fetch_response::{
     OffsetFetchResponsePartition, OffsetFetchResponseTopic,
 };
@@ -25,9 +28,10 @@ use kafka_protocol::messages::txn_offset_commit_response::{
 };
 use kafka_protocol::messages::{
     AddOffsetsToTxnResponse, AddPartitionsToTxnResponse, DescribeProducersResponse,
-    DescribeTransactionsResponse, EndTxnResponse, FetchResponse, InitProducerIdResponse,
-    ListOffsetsResponse, ListTransactionsResponse, OffsetFetchResponse, ProduceResponse,
-    ProducerId, RequestKind, ResponseKind, TxnOffsetCommitResponse,
+    DescribeTransactionsResponse, EndTxnResponse, FetchResponse, HeartbeatResponse,
+    InitProducerIdResponse, JoinGroupResponse, LeaveGroupResponse, ListOffsetsResponse,
+    ListTransactionsResponse, OffsetCommitResponse, OffsetFetchResponse, ProduceResponse,
+    ProducerId, RequestKind, ResponseKind, SyncGroupResponse, TxnOffsetCommitResponse,
 };
 
 /// The refusal of `request` (at `version`) by a node of the other role; `None` for a request
@@ -247,6 +251,55 @@ pub fn not_served_here(request: &RequestKind, version: i16) -> Option<ResponseKi
                 })
                 .collect();
             ResponseKind::DescribeTransactions(response)
+        }
+        RequestKind::OffsetCommit(r) => {
+            let mut response = OffsetCommitResponse::default();
+            response.topics = r
+                .topics
+                .iter()
+                .map(|t| {
+                    let mut topic = OffsetCommitResponseTopic::default();
+                    topic.name = t.name.clone();
+                    topic.partitions = t
+                        .partitions
+                        .iter()
+                        .map(|p| {
+                            let mut out = OffsetCommitResponsePartition::default();
+                            out.partition_index = p.partition_index;
+                            out.error_code = not_coordinator;
+                            out
+                        })
+                        .collect();
+                    topic
+                })
+                .collect();
+            ResponseKind::OffsetCommit(response)
+        }
+        RequestKind::JoinGroup(_) => {
+            let mut response = JoinGroupResponse::default();
+            response.error_code = not_coordinator;
+            response.generation_id = -1;
+            if version >= 7 {
+                response.protocol_name = None;
+            } else {
+                response.protocol_name = Some(Default::default());
+            }
+            ResponseKind::JoinGroup(response)
+        }
+        RequestKind::SyncGroup(_) => {
+            let mut response = SyncGroupResponse::default();
+            response.error_code = not_coordinator;
+            ResponseKind::SyncGroup(response)
+        }
+        RequestKind::Heartbeat(_) => {
+            let mut response = HeartbeatResponse::default();
+            response.error_code = not_coordinator;
+            ResponseKind::Heartbeat(response)
+        }
+        RequestKind::LeaveGroup(_) => {
+            let mut response = LeaveGroupResponse::default();
+            response.error_code = not_coordinator;
+            ResponseKind::LeaveGroup(response)
         }
         _ => return None,
     })
