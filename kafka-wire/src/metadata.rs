@@ -209,6 +209,7 @@ mod tests {
     fn metadata_lists_kafka_brokers_and_topology_leaders() {
         let t = topology();
         let mut request = MetadataRequest::default();
+        request.topics = None; // every topic
         let response = metadata(&t, 1, &request, 9);
         assert_eq!(response.brokers.len(), 2);
         assert_eq!(response.topics.len(), 1);
