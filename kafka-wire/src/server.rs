@@ -310,3 +310,100 @@ fn encode_response(
     buf[..4].copy_from_slice(&len.to_be_bytes());
     Ok(buf.freeze())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A node that serves nothing of its own.
+    struct Nothing;
+
+    impl Handler for Nothing {
+        fn apis(&self) -> Vec<ApiRange> {
+            Vec::new()
+        }
+
+        async fn handle(&self, _: Request) -> Result<Option<ResponseKind>> {
+            Err(Error::Close("nothing here".into()))
+        }
+    }
+
+    fn topology() -> Arc<Topology> {
+        Arc::new(
+            Topology::parse(
+                "transaction_state_partitions = 1\n[[coordinators]]\nid = 1\naddress = \"127.0.0.1:1\"",
+            )
+            .unwrap(),
+        )
+    }
+
+    async fn start(
+        config: impl FnOnce(&mut ServerConfig),
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut c = ServerConfig::new(1, topology());
+        config(&mut c);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, c, Arc::new(Nothing), async move {
+            let _ = stopped.await;
+        }));
+        (address, stop)
+    }
+
+    fn api_versions(correlation_id: i32) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&18i16.to_be_bytes());
+        body.extend_from_slice(&0i16.to_be_bytes());
+        body.extend_from_slice(&correlation_id.to_be_bytes());
+        body.extend_from_slice(&(-1i16).to_be_bytes());
+        let mut frame = (body.len() as i32).to_be_bytes().to_vec();
+        frame.extend(body);
+        frame
+    }
+
+    async fn closed(s: &mut TcpStream) -> bool {
+        let mut buf = [0u8; 16];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn a_slow_sender_loses_its_connection_and_others_are_served() {
+        let (address, _stop) = start(|c| c.frame_timeout = Duration::from_millis(200)).await;
+        let mut slow = TcpStream::connect(address).await.unwrap();
+        slow.write_all(&100i32.to_be_bytes()).await.unwrap();
+        slow.write_all(&[0u8; 5]).await.unwrap();
+        let mut other = TcpStream::connect(address).await.unwrap();
+        other.write_all(&api_versions(7)).await.unwrap();
+        let len = other.read_i32().await.unwrap();
+        let correlation = other.read_i32().await.unwrap();
+        assert!(len > 4);
+        assert_eq!(correlation, 7);
+        assert!(
+            closed(&mut slow).await,
+            "the stalled frame costs its connection"
+        );
+    }
+
+    #[tokio::test]
+    async fn frames_over_the_limit_and_an_api_of_no_role_close_the_connection() {
+        let (address, _stop) = start(|c| c.max_frame_bytes = 1024).await;
+        let mut s = TcpStream::connect(address).await.unwrap();
+        s.write_all(&1025i32.to_be_bytes()).await.unwrap();
+        assert!(closed(&mut s).await);
+        // A frame within the limit is fine.
+        let mut s = TcpStream::connect(address).await.unwrap();
+        s.write_all(&api_versions(1)).await.unwrap();
+        assert!(s.read_i32().await.unwrap() > 0);
+        // An API in the table that no handler answers (this node serves nothing): closed.
+        let mut s = TcpStream::connect(address).await.unwrap();
+        let mut frame = api_versions(2);
+        frame[4..6].copy_from_slice(&(ApiKey::CreateTopics as i16).to_be_bytes());
+        s.write_all(&frame).await.unwrap();
+        assert!(closed(&mut s).await);
+    }
+}
