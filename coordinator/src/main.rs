@@ -31,11 +31,11 @@ struct Args {
     /// The cluster topology file (TOML).
     #[arg(long, env = "TOPOLOGY")]
     topology: PathBuf,
-    /// How often to look for timed-out transactions, in milliseconds.
     /// Also serve Kafka's protocol here (advertise it as this node's `kafka_address` in the
     /// topology).
     #[arg(long = "kafka-listen", env = "KAFKA_LISTEN_ADDR")]
     kafka_listen: Option<String>,
+    /// How often to look for timed-out transactions, in milliseconds.
     #[arg(long, env = "TIMEOUT_SCAN_INTERVAL_MS", default_value_t = 1000)]
     timeout_scan_interval_ms: u64,
     /// First backoff between marker retries, in milliseconds.

@@ -503,3 +503,49 @@ fn tempfile_dir() -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Benchmark (ignored by default; run with
+/// `cargo test --release -p integration-tests --test kafka_clients -- --ignored --nocapture bench`):
+/// confluent-kafka's producer (1 KiB records, idempotent, linger.ms=5) against the Kafka face,
+/// next to our own gRPC idempotent producer (1 KiB records, 100-record batches, one request in
+/// flight, round-robin over the partitions) in the same run, against the same cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a benchmark"]
+async fn bench_confluent_kafka_producer_vs_grpc_produce() {
+    let Some(python) = python().await else { return };
+    let seconds: u64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+
+    let mut grpc = IdempotentProducer::connect(config(&cluster)).await.unwrap();
+    let value = vec![b'x'; 1024];
+    let start = std::time::Instant::now();
+    let mut sent = 0usize;
+    while start.elapsed() < Duration::from_secs(seconds) {
+        let batch = vec![value.clone(); 100];
+        let target = producer_client::Target::Partition((sent / 100 % 3) as i32);
+        grpc.send_batch("input", target, batch).await.unwrap();
+        sent += 100;
+    }
+    let grpc_rate = sent as f64 / start.elapsed().as_secs_f64();
+
+    let report = run_script(
+        &python,
+        "bench_producer.py",
+        &bootstrap,
+        &["output", &seconds.to_string()],
+    )
+    .await;
+    let kafka_rate = report["records_per_sec"].as_f64().unwrap();
+    println!(
+        "BENCH gRPC produce: {grpc_rate:.0} records/s ({:.1} MiB/s); confluent-kafka: \
+         {kafka_rate:.0} records/s ({:.1} MiB/s); ratio kafka/gRPC = {:.2}",
+        grpc_rate / 1024.0,
+        kafka_rate / 1024.0,
+        kafka_rate / grpc_rate
+    );
+    cluster.shutdown().await.unwrap();
+}

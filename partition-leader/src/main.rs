@@ -32,11 +32,11 @@ struct Args {
     /// Largest record accepted, in bytes.
     #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = 1024 * 1024)]
     max_record_bytes: usize,
-    /// DANGER: do not fence older epochs at this leader (demonstrates that the checker catches it).
     /// Also serve Kafka's protocol here (advertise it as this node's `kafka_address` in the
     /// topology).
     #[arg(long = "kafka-listen", env = "KAFKA_LISTEN_ADDR")]
     kafka_listen: Option<SocketAddr>,
+    /// DANGER: do not fence older epochs at this leader (demonstrates that the checker catches it).
     #[arg(long, env = "UNSAFE_SKIP_EPOCH_CHECK", hide = true)]
     unsafe_skip_epoch_check: bool,
 }
