@@ -79,6 +79,22 @@ pub struct Limits {
     pub max_record_bytes: usize,
 }
 
+/// A record header (Kafka's): a key and a value that may be null.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Header key.
+    pub key: String,
+    /// Header value; `None` is Kafka's null.
+    pub value: Option<Vec<u8>>,
+}
+
+impl Header {
+    /// Bytes it takes against the record size limit.
+    pub fn size(&self) -> usize {
+        self.key.len() + self.value.as_ref().map_or(0, Vec::len)
+    }
+}
+
 /// A data record as a producer sent it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
@@ -88,6 +104,8 @@ pub struct Record {
     pub value: Vec<u8>,
     /// Producer timestamp; `< 0` means "none" and is replaced by the append time.
     pub timestamp_ms: i64,
+    /// Headers, in order (Kafka clients' record headers; empty from our client).
+    pub headers: Vec<Header>,
 }
 
 /// A Produce batch as received (already converted from the wire, not yet validated).
@@ -148,7 +166,7 @@ pub fn validate_batch(limits: &Limits, batch: &ProduceBatch) -> Result<BatchHead
     }
     let mut batch_bytes = 0usize;
     for (i, r) in batch.records.iter().enumerate() {
-        let size = r.key.len() + r.value.len();
+        let size = r.key.len() + r.value.len() + r.headers.iter().map(Header::size).sum::<usize>();
         if size > limits.max_record_bytes {
             return Err(Error::MessageTooLarge(format!(
                 "record {i} is {size} bytes, the limit is {}",
@@ -276,6 +294,8 @@ pub struct DataRecord {
     pub value: Vec<u8>,
     /// Timestamp (producer's, or append time).
     pub timestamp_ms: i64,
+    /// Headers, in order.
+    pub headers: Vec<Header>,
 }
 
 /// A COMMIT or ABORT marker in the log.
@@ -330,6 +350,7 @@ pub fn data_entries(header: &BatchHeader, records: Vec<Record>, now_ms: i64) -> 
                 } else {
                     r.timestamp_ms
                 },
+                headers: r.headers,
             })
         })
         .collect()
@@ -842,6 +863,7 @@ mod tests {
                     key: vec![],
                     value: vec![i as u8],
                     timestamp_ms: 1,
+                    headers: Vec::new(),
                 })
                 .collect(),
         }
@@ -1237,6 +1259,7 @@ mod tests {
                 key: vec![],
                 value: vec![],
                 timestamp_ms: 0,
+                headers: Vec::new(),
             })
         };
         let visible: Vec<i64> = [(0, -1), (1, 1), (2, 2), (3, 1), (4, 3)]
@@ -1289,6 +1312,7 @@ mod tests {
                 key: vec![0; 100],
                 value: vec![0; 157],
                 timestamp_ms: 0,
+                headers: Vec::new(),
             }],
             ..batch(1, 0, 0, 1, false)
         };
@@ -1298,6 +1322,7 @@ mod tests {
                     key: vec![],
                     value: vec![0; 200],
                     timestamp_ms: 0,
+                    headers: Vec::new(),
                 })
                 .collect(),
             ..batch(1, 0, 0, 1, false)
@@ -1343,6 +1368,7 @@ mod tests {
                 key: vec![0; 56],
                 value: vec![0; 200],
                 timestamp_ms: 0,
+                headers: Vec::new(),
             }],
             ..batch(1, 0, 0, 1, false)
         };
@@ -1372,11 +1398,13 @@ mod tests {
                     key: b"k".to_vec(),
                     value: b"v".to_vec(),
                     timestamp_ms: -1,
+                    headers: Vec::new(),
                 },
                 Record {
                     key: vec![],
                     value: vec![],
                     timestamp_ms: 5,
+                    headers: Vec::new(),
                 },
             ],
             99,

@@ -25,8 +25,11 @@
 //!   (any one hands out idempotent PIDs). With one: NOT_COORDINATOR (clients ask the
 //!   transaction coordinator, which FindCoordinator names).
 //!
-//! CAVEATS: record headers are not stored, so they do not round-trip (the gRPC record has no
-//! headers either); a null key or value is stored as empty and comes back empty; the batch
+//! Record headers are stored with the record and served back in order (the gRPC Fetch returns
+//! them too); `kafka-protocol` holds a record's headers in a map, so two headers with the same
+//! key keep only the last one.
+//!
+//! CAVEATS: a null key or value is stored as empty and comes back empty; the batch
 //! boundaries, sequence numbers and timestamps type of what a client sent are not kept (Fetch
 //! rebuilds batches, with `CreateTime`); lz4 and zstd batches are UNSUPPORTED_COMPRESSION_TYPE.
 
@@ -161,6 +164,14 @@ fn decode_batch(
                 key: r.key.as_ref().map(|k| k.to_vec()).unwrap_or_default(),
                 value: r.value.as_ref().map(|v| v.to_vec()).unwrap_or_default(),
                 timestamp_ms: r.timestamp,
+                headers: r
+                    .headers
+                    .iter()
+                    .map(|(k, v)| proto::RecordHeader {
+                        key: k.to_string(),
+                        value: v.as_ref().map(|v| v.to_vec()),
+                    })
+                    .collect(),
             })
             .collect(),
     };
@@ -551,16 +562,25 @@ fn entry_size(entry: &LogEntry) -> usize {
 
 /// The Kafka record of a stored entry (sequence counts from the start of its run).
 fn kafka_record(offset: i64, entry: &LogEntry, sequence: i32) -> KafkaRecord {
+    let mut headers = Vec::new();
     let (pid, epoch, transactional, control, timestamp, key, value) = match entry {
-        LogEntry::Data(d) => (
-            d.producer_id,
-            d.producer_epoch,
-            d.is_transactional,
-            false,
-            d.timestamp_ms,
-            Bytes::from(d.key.clone()),
-            Bytes::from(d.value.clone()),
-        ),
+        LogEntry::Data(d) => {
+            for h in &d.headers {
+                headers.push((
+                    str_bytes(h.key.clone()),
+                    h.value.as_ref().map(|v| Bytes::from(v.clone())),
+                ));
+            }
+            (
+                d.producer_id,
+                d.producer_epoch,
+                d.is_transactional,
+                false,
+                d.timestamp_ms,
+                Bytes::from(d.key.clone()),
+                Bytes::from(d.value.clone()),
+            )
+        }
         LogEntry::Control(c) => {
             // Kafka's control record: key (version 0, type 0 = ABORT / 1 = COMMIT), value
             // (version 0, coordinator epoch).
@@ -582,7 +602,7 @@ fn kafka_record(offset: i64, entry: &LogEntry, sequence: i32) -> KafkaRecord {
             )
         }
     };
-    KafkaRecord {
+    let mut record = KafkaRecord {
         transactional,
         control,
         delete_horizon: false,
@@ -596,7 +616,9 @@ fn kafka_record(offset: i64, entry: &LogEntry, sequence: i32) -> KafkaRecord {
         key: Some(key),
         value: Some(value),
         headers: Default::default(),
-    }
+    };
+    record.headers.extend(headers);
+    record
 }
 
 /// Encodes stored entries as RecordBatch v2: one batch per run of data records of one
@@ -668,7 +690,39 @@ mod tests {
             key: key.as_bytes().to_vec(),
             value: format!("v-{key}").into_bytes(),
             timestamp_ms: 1_700_000_000_000,
+            headers: Vec::new(),
         })
+    }
+
+    #[test]
+    fn headers_are_served_back_in_order() {
+        let LogEntry::Data(mut d) = data(1, 0, false, "k") else {
+            unreachable!()
+        };
+        d.headers = vec![
+            crate::core::Header {
+                key: "b".into(),
+                value: Some(b"2".to_vec()),
+            },
+            crate::core::Header {
+                key: "a".into(),
+                value: None,
+            },
+        ];
+        let mut bytes = encode_entries(&[(0, LogEntry::Data(d))]).unwrap();
+        let sets = RecordBatchDecoder::decode_all(&mut bytes).unwrap();
+        let headers: Vec<(String, Option<Bytes>)> = sets[0].records[0]
+            .headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        assert_eq!(
+            headers,
+            vec![
+                ("b".into(), Some(Bytes::from_static(b"2"))),
+                ("a".into(), None)
+            ]
+        );
     }
 
     #[test]
@@ -718,6 +772,7 @@ mod tests {
             .map(|i| {
                 let mut r = kafka_record(i, &data(9, 2, true, &format!("k{i}")), 5 + i as i32);
                 r.offset = i;
+                r.headers.insert(str_bytes("h"), None);
                 r
             })
             .collect();
@@ -728,6 +783,14 @@ mod tests {
         };
         RecordBatchEncoder::encode(&mut buf, &records, &options).unwrap();
         let grpc = decode_batch("t", 1, Some("txn"), Some(buf.clone().freeze())).unwrap();
+        assert_eq!(grpc.batch.as_ref().unwrap().records[0].headers.len(), 1);
+        assert_eq!(
+            grpc.batch.as_ref().unwrap().records[0].headers[0],
+            proto::RecordHeader {
+                key: "h".into(),
+                value: None
+            }
+        );
         let batch = grpc.batch.unwrap();
         assert_eq!(
             (batch.producer_id, batch.producer_epoch, batch.base_sequence),

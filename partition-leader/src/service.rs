@@ -340,6 +340,14 @@ impl LeaderService {
                     key: r.key,
                     value: r.value,
                     timestamp_ms: r.timestamp_ms,
+                    headers: r
+                        .headers
+                        .into_iter()
+                        .map(|h| core::Header {
+                            key: h.key,
+                            value: h.value,
+                        })
+                        .collect(),
                 })
                 .collect(),
         };
@@ -482,6 +490,14 @@ impl LeaderService {
                         producer_id: d.producer_id,
                         producer_epoch: d.producer_epoch as i32,
                         is_transactional: d.is_transactional,
+                        headers: d
+                            .headers
+                            .into_iter()
+                            .map(|h| proto::RecordHeader {
+                                key: h.key,
+                                value: h.value,
+                            })
+                            .collect(),
                     });
                 }
                 true
@@ -897,6 +913,7 @@ mod tests {
                     key: vec![],
                     value: v.as_bytes().to_vec(),
                     timestamp_ms: 0,
+                    headers: Vec::new(),
                 })
                 .collect(),
         }

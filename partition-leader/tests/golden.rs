@@ -57,6 +57,7 @@ impl Runner {
                             key: vec![],
                             value: vec![1],
                             timestamp_ms: 0,
+                            headers: Vec::new(),
                         })
                         .collect(),
                 };

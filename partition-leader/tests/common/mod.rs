@@ -264,6 +264,7 @@ pub fn batch(pid: i64, epoch: i32, seq: i32, values: &[&str], txn_id: Option<&st
                 key: b"k".to_vec(),
                 value: v.as_bytes().to_vec(),
                 timestamp_ms: 1,
+                headers: Vec::new(),
             })
             .collect(),
     }
