@@ -279,11 +279,6 @@ pub fn not_served_here(request: &RequestKind, version: i16) -> Option<ResponseKi
             let mut response = JoinGroupResponse::default();
             response.error_code = not_coordinator;
             response.generation_id = -1;
-            if version >= 7 {
-                response.protocol_name = None;
-            } else {
-                response.protocol_name = Some(Default::default());
-            }
             ResponseKind::JoinGroup(response)
         }
         RequestKind::SyncGroup(_) => {
@@ -303,4 +298,78 @@ pub fn not_served_here(request: &RequestKind, version: i16) -> Option<ResponseKi
         }
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::{COORDINATOR_APIS, LEADER_APIS};
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ApiKey, ProduceRequest, TopicName};
+
+    /// A default request of `key` (with one partition for Produce, so there is something to
+    /// refuse per partition).
+    fn request(key: ApiKey) -> RequestKind {
+        use kafka_protocol::messages::*;
+        match key {
+            ApiKey::Produce => {
+                let mut r = ProduceRequest::default();
+                r.acks = -1;
+                let mut t = TopicProduceData::default();
+                t.name = TopicName(crate::str_bytes("t"));
+                t.partition_data.push(PartitionProduceData::default());
+                r.topic_data.push(t);
+                RequestKind::Produce(r)
+            }
+            ApiKey::Fetch => RequestKind::Fetch(Default::default()),
+            ApiKey::ListOffsets => RequestKind::ListOffsets(Default::default()),
+            ApiKey::DescribeProducers => RequestKind::DescribeProducers(Default::default()),
+            ApiKey::InitProducerId => RequestKind::InitProducerId(Default::default()),
+            ApiKey::AddPartitionsToTxn => RequestKind::AddPartitionsToTxn(Default::default()),
+            ApiKey::AddOffsetsToTxn => RequestKind::AddOffsetsToTxn(Default::default()),
+            ApiKey::TxnOffsetCommit => RequestKind::TxnOffsetCommit(Default::default()),
+            ApiKey::EndTxn => RequestKind::EndTxn(Default::default()),
+            ApiKey::OffsetFetch => RequestKind::OffsetFetch(Default::default()),
+            ApiKey::ListTransactions => RequestKind::ListTransactions(Default::default()),
+            ApiKey::DescribeTransactions => RequestKind::DescribeTransactions(Default::default()),
+            ApiKey::OffsetCommit => RequestKind::OffsetCommit(Default::default()),
+            ApiKey::JoinGroup => RequestKind::JoinGroup(Default::default()),
+            ApiKey::SyncGroup => RequestKind::SyncGroup(Default::default()),
+            ApiKey::Heartbeat => RequestKind::Heartbeat(Default::default()),
+            ApiKey::LeaveGroup => RequestKind::LeaveGroup(Default::default()),
+            other => panic!("no sample request for {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_role_api_is_refused_with_a_response_that_encodes_at_every_version() {
+        for api in LEADER_APIS.iter().chain(COORDINATOR_APIS) {
+            for version in api.min..=api.max {
+                let response = not_served_here(&request(api.key), version)
+                    .unwrap_or_else(|| panic!("{:?} v{version} has no refusal", api.key));
+                let mut buf = bytes::BytesMut::new();
+                response
+                    .encode(&mut buf, version)
+                    .unwrap_or_else(|e| panic!("{:?} v{version}: {e}", api.key));
+            }
+        }
+    }
+
+    #[test]
+    fn produce_with_acks_0_gets_no_refusal_either() {
+        let mut r = ProduceRequest::default();
+        r.acks = 0;
+        assert!(not_served_here(&RequestKind::Produce(r), 9).is_none());
+        if let RequestKind::Produce(r) = request(ApiKey::Produce) {
+            let Some(ResponseKind::Produce(response)) =
+                not_served_here(&RequestKind::Produce(r), 9)
+            else {
+                panic!("a produce refusal")
+            };
+            assert_eq!(
+                response.responses[0].partition_responses[0].error_code,
+                ResponseError::NotLeaderOrFollower.code()
+            );
+        }
+    }
 }
