@@ -1,8 +1,9 @@
 """confluent-kafka producer throughput against mini-broker: 1 KiB records, idempotent
-(acks=all), batching on (linger.ms=5), round-robin over the 3 partitions of TOPIC, for SECONDS;
+(acks=all), batching on (linger.ms=5, or $BENCH_LINGER_MS), round-robin over the 3 partitions of TOPIC, for SECONDS;
 the time includes the final flush, so every counted record was acknowledged.
 
 usage: bench_producer.py BOOTSTRAP TOPIC SECONDS"""
+import os
 import sys
 import time
 
@@ -16,7 +17,7 @@ errors = []
 producer = Producer({
     "bootstrap.servers": servers,
     "enable.idempotence": True,
-    "linger.ms": 5,
+    "linger.ms": int(os.environ.get("BENCH_LINGER_MS", "5")),
     "batch.size": 1000000,
 })
 value = b"x" * 1024
