@@ -305,7 +305,7 @@ mod tests {
     use super::*;
     use crate::apis::{COORDINATOR_APIS, LEADER_APIS};
     use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-    use kafka_protocol::messages::{ApiKey, ProduceRequest, TopicName};
+    use kafka_protocol::messages::{ApiKey, ProduceRequest};
 
     /// A default request of `key` (with one partition for Produce, so there is something to
     /// refuse per partition).
