@@ -567,7 +567,7 @@ mod tests {
         let snap = store.load().unwrap();
         assert_eq!(snap.txns.len(), 2);
         assert_eq!(snap.generation, 4);
-        assert_eq!(store.group_offsets("g").unwrap().len(), 2);
+        assert_eq!(store.group_offsets("g").unwrap().len(), 3);
         assert_eq!(
             store.group_marker_fence("g", 7, 1).unwrap(),
             GroupMarkerFence {

@@ -549,3 +549,147 @@ async fn bench_confluent_kafka_producer_vs_grpc_produce() {
     );
     cluster.shutdown().await.unwrap();
 }
+
+// ---- admin APIs over the raw Kafka protocol ---------------------------------------------------
+
+/// One request/response over a fresh Kafka connection, encoded and decoded with `kafka-protocol`.
+async fn kafka_call(
+    address: std::net::SocketAddr,
+    key: kafka_protocol::messages::ApiKey,
+    version: i16,
+    request: kafka_protocol::messages::RequestKind,
+) -> kafka_protocol::messages::ResponseKind {
+    use kafka_protocol::messages::{RequestHeader, ResponseHeader, ResponseKind};
+    use kafka_protocol::protocol::{Decodable, Encodable};
+    let mut header = RequestHeader::default();
+    header.request_api_key = key as i16;
+    header.request_api_version = version;
+    header.correlation_id = 42;
+    header.client_id = Some(kafka_wire::str_bytes("test"));
+    let mut body = bytes::BytesMut::new();
+    header
+        .encode(&mut body, key.request_header_version(version))
+        .unwrap();
+    request.encode(&mut body, version).unwrap();
+    let mut s = TcpStream::connect(address).await.unwrap();
+    s.write_all(&(body.len() as i32).to_be_bytes())
+        .await
+        .unwrap();
+    s.write_all(&body).await.unwrap();
+    let len = s.read_i32().await.unwrap();
+    let mut frame = vec![0u8; len as usize];
+    s.read_exact(&mut frame).await.unwrap();
+    let mut frame = bytes::Bytes::from(frame);
+    let header = ResponseHeader::decode(&mut frame, key.response_header_version(version)).unwrap();
+    assert_eq!(header.correlation_id, 42);
+    ResponseKind::decode(key, &mut frame, version).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_and_producers_are_described_over_the_kafka_protocol() {
+    use kafka_protocol::messages::*;
+    let cluster = cluster().await;
+    let mut producer = integration_tests::producer(&cluster, "admin-txn").await;
+    producer.begin_transaction().unwrap();
+    producer
+        .send("output", producer_client::Target::Partition(0), "open")
+        .await
+        .unwrap();
+    let pid = producer.producer_id();
+    let any = cluster.kafka_address(cluster.leader_ids()[0]).unwrap();
+
+    // FindCoordinator (TRANSACTION) from a leader names the owning coordinator's Kafka address.
+    let mut find = FindCoordinatorRequest::default();
+    find.key = kafka_wire::str_bytes("admin-txn");
+    find.key_type = 1;
+    let ResponseKind::FindCoordinator(found) = kafka_call(
+        any,
+        ApiKey::FindCoordinator,
+        3,
+        RequestKind::FindCoordinator(find),
+    )
+    .await
+    else {
+        panic!("FindCoordinator response")
+    };
+    assert_eq!(found.error_code, 0);
+    assert_eq!(found.node_id.0, cluster.coordinator_for("admin-txn"));
+    let coordinator = cluster.kafka_address(found.node_id.0).unwrap();
+    assert_eq!(found.port, i32::from(coordinator.port()));
+
+    let mut describe = DescribeTransactionsRequest::default();
+    describe.transactional_ids = vec![TransactionalId(kafka_wire::str_bytes("admin-txn"))];
+    let ResponseKind::DescribeTransactions(described) = kafka_call(
+        coordinator,
+        ApiKey::DescribeTransactions,
+        0,
+        RequestKind::DescribeTransactions(describe),
+    )
+    .await
+    else {
+        panic!("DescribeTransactions response")
+    };
+    let state = &described.transaction_states[0];
+    assert_eq!(state.error_code, 0);
+    assert_eq!(state.transaction_state.as_str(), "Ongoing");
+    assert_eq!(state.producer_id.0, pid);
+    assert_eq!(state.topics[0].topic.0.as_str(), "output");
+    assert_eq!(state.topics[0].partitions, vec![0]);
+
+    let ResponseKind::ListTransactions(listed) = kafka_call(
+        coordinator,
+        ApiKey::ListTransactions,
+        1,
+        RequestKind::ListTransactions(ListTransactionsRequest::default()),
+    )
+    .await
+    else {
+        panic!("ListTransactions response")
+    };
+    assert!(listed
+        .transaction_states
+        .iter()
+        .any(|t| t.transactional_id.0.as_str() == "admin-txn"
+            && t.transaction_state.as_str() == "Ongoing"));
+
+    // DescribeProducers at the partition's leader: the open transaction starts at offset 0.
+    let leader = cluster.topology().leader_for("output", 0).unwrap().id;
+    let mut producers = DescribeProducersRequest::default();
+    let mut topic = describe_producers_request::TopicRequest::default();
+    topic.name = TopicName(kafka_wire::str_bytes("output"));
+    topic.partition_indexes = vec![0];
+    producers.topics = vec![topic];
+    let ResponseKind::DescribeProducers(described) = kafka_call(
+        cluster.kafka_address(leader).unwrap(),
+        ApiKey::DescribeProducers,
+        0,
+        RequestKind::DescribeProducers(producers),
+    )
+    .await
+    else {
+        panic!("DescribeProducers response")
+    };
+    let partition = &described.topics[0].partitions[0];
+    assert_eq!(partition.error_code, 0);
+    let active = &partition.active_producers[0];
+    assert_eq!(active.producer_id.0, pid);
+    assert_eq!(active.current_txn_start_offset, 0);
+
+    // A leader is not a coordinator: NOT_COORDINATOR (16), as a Kafka broker would say.
+    let mut add = AddOffsetsToTxnRequest::default();
+    add.transactional_id = TransactionalId(kafka_wire::str_bytes("admin-txn"));
+    add.group_id = GroupId(kafka_wire::str_bytes("g"));
+    let ResponseKind::AddOffsetsToTxn(refused) = kafka_call(
+        cluster.kafka_address(leader).unwrap(),
+        ApiKey::AddOffsetsToTxn,
+        3,
+        RequestKind::AddOffsetsToTxn(add),
+    )
+    .await
+    else {
+        panic!("AddOffsetsToTxn response")
+    };
+    assert_eq!(refused.error_code, 16);
+    producer.abort_transaction().await.unwrap();
+    cluster.shutdown().await.unwrap();
+}

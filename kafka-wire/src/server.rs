@@ -204,11 +204,11 @@ async fn answer<H: Handler>(
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
-    let unsupported = Error::Unsupported {
+    let unsupported = || Error::Unsupported {
         key: raw_key,
         version,
     };
-    let api_key = ApiKey::try_from(raw_key).map_err(|_| unsupported_copy(&unsupported))?;
+    let api_key = ApiKey::try_from(raw_key).map_err(|()| unsupported())?;
     if !shared.table.supports(api_key, version) {
         if api_key == ApiKey::ApiVersions {
             // KIP-511: answer at version 0 with the table so the client can pick a version.
@@ -221,7 +221,7 @@ async fn answer<H: Handler>(
                 ResponseKind::ApiVersions(response),
             )));
         }
-        return Err(unsupported);
+        return Err(unsupported());
     }
     let header = RequestHeader::decode(&mut frame, api_key.request_header_version(version))
         .map_err(|e| Error::Decode(format!("header: {e}")))?;
@@ -262,16 +262,6 @@ async fn answer<H: Handler>(
         }
     };
     Ok(response.map(|r| (ResponseVersion::new(api_key, version), correlation_id, r)))
-}
-
-fn unsupported_copy(e: &Error) -> Error {
-    match e {
-        Error::Unsupported { key, version } => Error::Unsupported {
-            key: *key,
-            version: *version,
-        },
-        other => Error::Malformed(other.to_string()),
-    }
 }
 
 /// The version a response is encoded at, and its header version.
