@@ -693,3 +693,141 @@ async fn transactions_and_producers_are_described_over_the_kafka_protocol() {
     producer.abort_transaction().await.unwrap();
     cluster.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
+    use kafka_protocol::messages::*;
+    let cluster = cluster().await;
+    let (txn, group) = ("kip447-txn", "kip447-group");
+    let txn_coordinator = cluster.kafka_address(cluster.coordinator_for(txn)).unwrap();
+    let group_coordinator = cluster
+        .kafka_address(cluster.coordinator_for(group))
+        .unwrap();
+    fn s(v: &str) -> kafka_protocol::protocol::StrBytes {
+        kafka_wire::str_bytes(v)
+    }
+
+    // A transactional producer (transaction version 1, as a Kafka client) adds the group.
+    let mut init = InitProducerIdRequest::default();
+    init.transactional_id = Some(TransactionalId(s(txn)));
+    init.transaction_timeout_ms = 60_000;
+    let ResponseKind::InitProducerId(init) = kafka_call(
+        txn_coordinator,
+        ApiKey::InitProducerId,
+        4,
+        RequestKind::InitProducerId(init),
+    )
+    .await
+    else {
+        panic!("InitProducerId response")
+    };
+    assert_eq!(init.error_code, 0);
+    let mut add = AddOffsetsToTxnRequest::default();
+    add.transactional_id = TransactionalId(s(txn));
+    add.producer_id = init.producer_id;
+    add.producer_epoch = init.producer_epoch;
+    add.group_id = GroupId(s(group));
+    let ResponseKind::AddOffsetsToTxn(added) = kafka_call(
+        txn_coordinator,
+        ApiKey::AddOffsetsToTxn,
+        3,
+        RequestKind::AddOffsetsToTxn(add),
+    )
+    .await
+    else {
+        panic!("AddOffsetsToTxn response")
+    };
+    assert_eq!(added.error_code, 0);
+
+    // A member joins (v5: MEMBER_ID_REQUIRED first) and syncs: generation 1.
+    let join = |member: &str| {
+        let mut j = JoinGroupRequest::default();
+        j.group_id = GroupId(s(group));
+        j.session_timeout_ms = 30_000;
+        j.rebalance_timeout_ms = 30_000;
+        j.member_id = s(member);
+        j.protocol_type = s("consumer");
+        let mut p = join_group_request::JoinGroupRequestProtocol::default();
+        p.name = s("range");
+        j.protocols = vec![p];
+        RequestKind::JoinGroup(j)
+    };
+    let ResponseKind::JoinGroup(first) =
+        kafka_call(group_coordinator, ApiKey::JoinGroup, 5, join("")).await
+    else {
+        panic!("JoinGroup response")
+    };
+    assert_eq!(first.error_code, 79, "MEMBER_ID_REQUIRED");
+    let member = first.member_id.to_string();
+    let ResponseKind::JoinGroup(joined) =
+        kafka_call(group_coordinator, ApiKey::JoinGroup, 5, join(&member)).await
+    else {
+        panic!("JoinGroup response")
+    };
+    assert_eq!((joined.error_code, joined.generation_id), (0, 1));
+    assert_eq!(joined.leader.as_str(), member);
+
+    let commit = |generation: i32, offset: i64| {
+        let mut c = TxnOffsetCommitRequest::default();
+        c.transactional_id = TransactionalId(s(txn));
+        c.group_id = GroupId(s(group));
+        c.producer_id = init.producer_id;
+        c.producer_epoch = init.producer_epoch;
+        c.generation_id = generation;
+        c.member_id = s(member.as_str());
+        let mut t = txn_offset_commit_request::TxnOffsetCommitRequestTopic::default();
+        t.name = TopicName(s("input"));
+        let mut p = txn_offset_commit_request::TxnOffsetCommitRequestPartition::default();
+        p.partition_index = 0;
+        p.committed_offset = offset;
+        t.partitions = vec![p];
+        c.topics = vec![t];
+        RequestKind::TxnOffsetCommit(c)
+    };
+    let code = |r: ResponseKind| match r {
+        ResponseKind::TxnOffsetCommit(r) => r.topics[0].partitions[0].error_code,
+        other => panic!("unexpected {other:?}"),
+    };
+    // The current generation commits (at the group's coordinator, forwarded if need be).
+    let r = kafka_call(group_coordinator, ApiKey::TxnOffsetCommit, 3, commit(1, 5)).await;
+    assert_eq!(code(r), 0);
+    // The member rejoins: generation 2. A commit still carrying generation 1 is a zombie's.
+    let ResponseKind::JoinGroup(rejoined) =
+        kafka_call(group_coordinator, ApiKey::JoinGroup, 5, join(&member)).await
+    else {
+        panic!("JoinGroup response")
+    };
+    assert_eq!(rejoined.generation_id, 2);
+    let r = kafka_call(group_coordinator, ApiKey::TxnOffsetCommit, 3, commit(1, 9)).await;
+    assert_eq!(code(r), 22, "ILLEGAL_GENERATION");
+    let r = kafka_call(group_coordinator, ApiKey::TxnOffsetCommit, 3, commit(2, 7)).await;
+    assert_eq!(code(r), 0);
+
+    // Commit: the group's offset is the generation-2 one, never the zombie's.
+    let mut end = EndTxnRequest::default();
+    end.transactional_id = TransactionalId(s(txn));
+    end.producer_id = init.producer_id;
+    end.producer_epoch = init.producer_epoch;
+    end.committed = true;
+    let ResponseKind::EndTxn(ended) =
+        kafka_call(txn_coordinator, ApiKey::EndTxn, 3, RequestKind::EndTxn(end)).await
+    else {
+        panic!("EndTxn response")
+    };
+    assert_eq!(ended.error_code, 0);
+    let mut consumer =
+        producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let committed = consumer.committed_offsets(group, &[]).await.unwrap();
+        if committed.get(&tp("input", 0)) == Some(&7) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the group marker never arrived: {committed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cluster.shutdown().await.unwrap();
+}
