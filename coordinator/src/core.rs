@@ -63,7 +63,13 @@
 //!   markers go through the log of `__consumer_offsets`); here they are direct RPCs, so a late
 //!   COMMIT must be refused explicitly or it could move a group's offsets backwards.
 //!
-//! CAVEATS: no transaction version 1 (every transaction ends with a bump); no two-phase
+//! Transaction version 1 (Kafka clients without KIP-890 part 2): an id records its client's
+//! version at InitProducerId ([`init_producer_id_for_version`]); for version 1, [`end_txn`]
+//! hands over to [`end_txn_v1`] (the epoch is kept, markers carry it), and a group marker at an
+//! already applied epoch is the next transaction. Fencing and the timeout abort bump the epoch
+//! for both versions.
+//!
+//! CAVEATS: no two-phase
 //! "PrepareEpochFence" state (the fence is a PrepareAbort); no expiry of idle transactional ids
 //! (Kafka's `transactional.id.expiration.ms`), nor of a group's per-PID and per-coordinator
 //! fencing records; the timeout of a Prepare* is never checked (markers are retried until
@@ -1106,8 +1112,8 @@ pub struct GroupMarker {
     pub group_id: String,
     /// The transaction's PID.
     pub producer_id: ProducerId,
-    /// The bumped epoch the transaction ended with (unique and increasing per PID, because
-    /// every transaction ends with a bump).
+    /// The epoch the transaction ended with: bumped, so unique and increasing per PID, under
+    /// transaction version 2; the transaction's own epoch under version 1.
     pub epoch: ProducerEpoch,
     /// COMMIT or ABORT.
     pub result: TxnResult,

@@ -361,7 +361,8 @@ pub fn data_entries(header: &BatchHeader, records: Vec<Record>, now_ms: i64) -> 
 pub struct Marker {
     /// PID.
     pub producer_id: i64,
-    /// Wire epoch: the bumped epoch the transaction ended with.
+    /// Wire epoch: the bumped epoch the transaction ended with (transaction version 2), or the
+    /// epoch its data was written with (version 1, see [`Marker::keeps_epoch`]).
     pub producer_epoch: i32,
     /// COMMIT (true) or ABORT.
     pub commit: bool,
