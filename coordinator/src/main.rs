@@ -31,6 +31,10 @@ struct Args {
     /// The cluster topology file (TOML).
     #[arg(long, env = "TOPOLOGY")]
     topology: PathBuf,
+    /// Also serve Kafka's protocol here (advertise it as this node's `kafka_address` in the
+    /// topology).
+    #[arg(long = "kafka-listen", env = "KAFKA_LISTEN_ADDR")]
+    kafka_listen: Option<String>,
     /// How often to look for timed-out transactions, in milliseconds.
     #[arg(long, env = "TIMEOUT_SCAN_INTERVAL_MS", default_value_t = 1000)]
     timeout_scan_interval_ms: u64,
@@ -80,8 +84,21 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(node_id = args.node_id, address = %listener.local_addr()?, "coordinator listening");
-    coordinator::serve(config, listener, cluster::node::shutdown_signal())
-        .await
-        .context("coordinator failed")?;
+    let kafka_listener = match &args.kafka_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding the Kafka listener {address}"))?,
+        ),
+        None => None,
+    };
+    coordinator::serve_with_kafka(
+        config,
+        listener,
+        kafka_listener,
+        cluster::node::shutdown_signal(),
+    )
+    .await
+    .context("coordinator failed")?;
     Ok(())
 }

@@ -32,6 +32,10 @@ struct Args {
     /// Largest record accepted, in bytes.
     #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = 1024 * 1024)]
     max_record_bytes: usize,
+    /// Also serve Kafka's protocol here (advertise it as this node's `kafka_address` in the
+    /// topology).
+    #[arg(long = "kafka-listen", env = "KAFKA_LISTEN_ADDR")]
+    kafka_listen: Option<SocketAddr>,
     /// DANGER: do not fence older epochs at this leader (demonstrates that the checker catches it).
     #[arg(long, env = "UNSAFE_SKIP_EPOCH_CHECK", hide = true)]
     unsafe_skip_epoch_check: bool,
@@ -76,6 +80,20 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    partition_leader::serve(config, listener, cluster::node::shutdown_signal()).await?;
+    let kafka_listener = match args.kafka_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding the Kafka listener {address}"))?,
+        ),
+        None => None,
+    };
+    partition_leader::serve_with_kafka(
+        config,
+        listener,
+        kafka_listener,
+        cluster::node::shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }

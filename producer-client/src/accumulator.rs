@@ -628,6 +628,7 @@ mod tests {
             key: vec![],
             value: format!("v{i:04}").into_bytes(),
             timestamp_ms: 0,
+            headers: Vec::new(),
         }
     }
 

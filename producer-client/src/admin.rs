@@ -200,6 +200,8 @@ impl RawRequests {
             transaction_timeout_ms,
             expected_producer_id,
             expected_producer_epoch,
+            // Transaction version 2: every transaction ends with an epoch bump.
+            transaction_version: 2,
         };
         let r = coordinator_rpc(
             &self.conn,

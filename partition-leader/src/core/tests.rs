@@ -19,6 +19,7 @@ fn batch(pid: i64, epoch: i32, seq: i32, n: usize, txn: bool) -> ProduceBatch {
                 key: vec![],
                 value: vec![i as u8],
                 timestamp_ms: 1,
+                headers: Vec::new(),
             })
             .collect(),
     }
@@ -35,6 +36,7 @@ fn marker(pid: i64, epoch: i32, commit: bool, generation: i64) -> Marker {
         commit,
         coordinator_id: 1,
         coordinator_generation: generation,
+        transaction_version: 2,
     }
 }
 
@@ -413,6 +415,7 @@ fn lso_with_interleaved_transactions_of_several_pids() {
             key: vec![],
             value: vec![],
             timestamp_ms: 0,
+            headers: Vec::new(),
         })
     };
     let visible: Vec<i64> = [(0, -1), (1, 1), (2, 2), (3, 1), (4, 3)]
@@ -465,6 +468,7 @@ fn bad_batches_are_rejected_before_any_state() {
             key: vec![0; 100],
             value: vec![0; 157],
             timestamp_ms: 0,
+            headers: Vec::new(),
         }],
         ..batch(1, 0, 0, 1, false)
     };
@@ -474,6 +478,7 @@ fn bad_batches_are_rejected_before_any_state() {
                 key: vec![],
                 value: vec![0; 200],
                 timestamp_ms: 0,
+                headers: Vec::new(),
             })
             .collect(),
         ..batch(1, 0, 0, 1, false)
@@ -519,6 +524,7 @@ fn bad_batches_are_rejected_before_any_state() {
             key: vec![0; 56],
             value: vec![0; 200],
             timestamp_ms: 0,
+            headers: Vec::new(),
         }],
         ..batch(1, 0, 0, 1, false)
     };
@@ -548,11 +554,13 @@ fn timestamps_default_to_append_time() {
                 key: b"k".to_vec(),
                 value: b"v".to_vec(),
                 timestamp_ms: -1,
+                headers: Vec::new(),
             },
             Record {
                 key: vec![],
                 value: vec![],
                 timestamp_ms: 5,
+                headers: Vec::new(),
             },
         ],
         99,
