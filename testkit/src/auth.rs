@@ -15,10 +15,10 @@ pub fn secret() -> ClusterSecret {
 
 /// A transactional id owned by coordinator `coordinator` under `topology`.
 pub fn id_owned_by(topology: &Topology, coordinator: i32) -> String {
-    (0..)
+    (0..100_000)
         .map(|n| format!("txn-{n}"))
         .find(|id| topology.coordinator_for(id).id == coordinator)
-        .expect("every coordinator owns some id")
+        .unwrap_or_else(|| panic!("coordinator {coordinator} owns no id: is it in the topology?"))
 }
 
 /// Signs any internal request as node `node_id` under `topology` with [`TEST_SECRET`].
