@@ -615,3 +615,35 @@ fn restore_rebuilds_open_txns_and_rejects_inconsistent_state() {
     assert!(PartitionState::restore(false, 0, s.producers().clone(), vec![]).is_err());
     assert!(PartitionState::restore(false, -1, vec![], vec![]).is_err());
 }
+
+#[test]
+fn v1_marker_at_the_current_epoch_closes_the_txn_and_keeps_the_window() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 3, 0, 2, true)).unwrap();
+    // Version 2: a marker at the data's own epoch is a repeat of an older one, nothing closes.
+    let plan = write_marker(&mut s, &marker(1, 3, true, 1)).unwrap();
+    assert!(plan.control.is_none());
+    assert_eq!(s.last_stable_offset(), 0);
+    // Version 1: the same marker ends the transaction open at that epoch.
+    let v1 = Marker {
+        transaction_version: 1,
+        ..marker(1, 3, true, 1)
+    };
+    let plan = write_marker(&mut s, &v1).unwrap();
+    assert!(plan.control.is_some());
+    assert_eq!(s.last_stable_offset(), s.high_watermark());
+    let p = s.producer(1).unwrap();
+    assert_eq!((p.epoch, p.txn_first_offset), (3, None));
+    assert!(
+        !p.batches.is_empty(),
+        "the producer carries on at this epoch"
+    );
+    // The next batch continues the sequence at the same epoch; a repeat of the marker with
+    // nothing open writes nothing.
+    produce(&mut s, &header(1, 3, 2, 1, true)).unwrap();
+    let hw = s.high_watermark();
+    let plan = write_marker(&mut s, &v1).unwrap();
+    assert!(plan.control.is_some(), "closes the second transaction");
+    assert_eq!(s.high_watermark(), hw + 1);
+    assert!(write_marker(&mut s, &v1).unwrap().control.is_none());
+}
