@@ -6,6 +6,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `PROTOC` is read by prost-build below; build scripts are single-threaded.
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto");
-    tonic_prost_build::configure().compile_protos(&["proto/minibroker.proto"], &["proto"])?;
+    // The descriptor set is what gRPC server reflection answers with (`FILE_DESCRIPTOR_SET`).
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out.join("minibroker_descriptor.bin"))
+        .compile_protos(&["proto/minibroker.proto"], &["proto"])?;
     Ok(())
 }

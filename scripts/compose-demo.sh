@@ -25,6 +25,9 @@
 #   5. a partition leader is crashed mid-transaction; it restarts with its log and producer state;
 #   6. a read_committed consumer reads everything back: every committed record exactly once,
 #      nothing of A's aborted transaction. The verdict is printed; non-zero exit on violation.
+# The takeover is also drawn as an SVG sequence diagram from the id's epoch history
+# (`minibroker transactions history --svg`), to target/compose-demo-timeline.svg
+# (COMPOSE_DEMO_TIMELINE to change it).
 # Needs bash, docker, docker compose or docker-compose, python3, readelf; root for step 4's
 # firewall rule (see docker/README.md).
 set -euo pipefail
@@ -65,6 +68,8 @@ txn_id="${DEMO_TRANSACTIONAL_ID:-payments-app}"
 topic="demo"
 label="org.minibroker.demo=$project"
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/compose-demo.XXXXXX")"
+# Where the takeover picture goes (kept after the run).
+timeline_svg="${COMPOSE_DEMO_TIMELINE:-$repo/target/compose-demo-timeline.svg}"
 
 # ------------------------------------------------------------------------------------------------
 # Output: a timeline with seconds since the start, and a tally of checks.
@@ -333,20 +338,30 @@ say "      A's open transaction: records A-$(( a_committed_txns * a_per_txn )) o
 
 # ================================================================================================
 step "3. Producer instance B: the same transactional id, in a new container"
-# Sized from A's rate: as many records as A writes in 20 s. With 10 instead of 50 records per
-# transaction B is slower, and the crashes hold it up: it runs long enough for steps 5 and 6.
-b_records=$(awk -v r="$rate" -v n="$a_per_txn" -v m="$per_txn" 'BEGIN { x = int(r * n * 20); if (x < 3000) x = 3000; if (x > 40000) x = 40000; print x - x % m }')
-# B is paced too, so that its transactions stay open long enough to be caught open (step 6).
-produce_b=(--json produce --topic "$topic" --transactional-id "$txn_id" --records "$b_records" --per-txn "$per_txn" --throughput 400 --value-prefix B)
+# B is paced too, so that it is still running (and mid-transaction often) during steps 5 and 6
+# however fast the machine: at most 300 records/s (30 transactions/s), and as many records as A
+# writes in 20 s, but at least 45 s of B (an unpaced B commits 100+ transactions/s and could be
+# done before step 6).
+b_rate=300
+b_records=$(awk -v r="$rate" -v n="$a_per_txn" -v m="$per_txn" -v b="$b_rate" 'BEGIN { x = int(r * n * 20); if (x < b * 45) x = b * 45; if (x > 40000) x = 40000; print x - x % m }')
+produce_b=(--json produce --topic "$topic" --transactional-id "$txn_id" --records "$b_records" --per-txn "$per_txn" --throughput "$b_rate" --value-prefix B)
 b="$(mb_start producer-b "${produce_b[@]}")"
 say "container $b: minibroker ${produce_b[*]}"
 view="$(wait_txn 60 "pid == $a_pid and epoch > $a_epoch")" \
   || die "B's InitProducerId did not bump the epoch (coordinator: $view)"
 read -r b_pid b_epoch b_state _ <<<"$view"
 say "      B's InitProducerId: the coordinator aborted A's open transaction and bumped the epoch"
+say "      why B starts at least 2 above A's $a_epoch: epoch $(( a_epoch + 1 )) was spent fencing A (the ABORT markers"
+say "      of A's open transaction carry it), and B's InitProducerId, retried once that abort completed,"
+say "      bumped once more to $(( a_epoch + 2 )); every commit of B since then bumps it again (one epoch per transaction)"
 say "      coordinator: PID $b_pid epoch $b_epoch state $b_state"
 check "B took over A's PID ($b_pid) with a higher epoch ($a_epoch -> $b_epoch; B is already committing)" \
   test "$b_pid" = "$a_pid" -a "$b_epoch" -gt "$a_epoch"
+# The takeover as a picture, drawn from the id's epoch history at the coordinator (kept bounded:
+# drawn now, while the fence is among its last changes).
+if mkdir -p "$(dirname "$timeline_svg")" && mb transactions history "$txn_id" --svg - >"$timeline_svg" 2>/dev/null; then
+  say "      the takeover as a sequence diagram (epoch history at the coordinator): $timeline_svg"
+fi
 if ls0="$(leader_state 0)" && [[ -n "$ls0" ]]; then
   say "      leader-1 ($topic-0) holds producer $pid at $ls0: A's epoch $a_epoch is stale there too"
 fi

@@ -10,6 +10,10 @@
 //!   stop signal, opening and closing sled with its lock file, poison-tolerant locks).
 //! - [`auth`]: cluster membership: the cluster secret, the topology fingerprint, and the MAC
 //!   that every internal request (markers, verification) carries and every receiver checks.
+//! - [`health`]: the standard gRPC services every node serves beside its own: health
+//!   (`grpc.health.v1`) and server reflection.
+//! - [`logs`]: the binaries' logging set-up (stderr, `RUST_LOG`, `--log-format text|json`).
+//! - [`metrics`]: a node's Prometheus metrics and the HTTP endpoint that serves them.
 //! - [`marker_fence`]: the one fencing rule for transaction markers, applied by partition
 //!   leaders (WriteTxnMarkers) and group coordinators (WriteGroupOffsetMarker).
 //!
@@ -26,7 +30,10 @@
 //! marker to a group coordinator goes through the same [`marker_fence::check`].
 
 pub mod auth;
+pub mod health;
+pub mod logs;
 pub mod marker_fence;
+pub mod metrics;
 pub mod node;
 pub mod service;
 pub mod topology;

@@ -15,6 +15,7 @@
 //! | proto <-> domain | `service/wire.rs`: input checks and conversions | nothing (pure) |
 //! | gRPC handlers | `service/grpc.rs`: decode, call one room, encode | nothing else |
 //! | per-id state | `service/state.rs`: routing, per-id locks, transitions made durable, load, timeout scan | `__transaction_state`, the PID block, the generation |
+//! | group commit | `service/commit.rs`: the writer task that makes concurrent transitions durable with one flush | `__transaction_state`, through [`storage::Storage::put_txns`] |
 //! | marker writer | `service/markers.rs`: the one deliver-with-backoff loop | peers over gRPC; completes through `state` |
 //! | group coordinator | `service/groups.rs`: group markers received, OffsetFetch, Kafka's plain OffsetCommit | `__consumer_offsets`, `__group_marker_state` |
 //! | in-process calls | `service/local.rs`: what the Kafka face calls (proto in, domain out), the same checks and rooms as `grpc` | nothing else |
@@ -31,15 +32,18 @@
 //! `state` checks that this node owns the id (`topology.coordinator_for`, else NOT_COORDINATOR)
 //! and has loaded (else COORDINATOR_LOAD_IN_PROGRESS), takes the id's lock and calls
 //! [`core::end_txn`], which answers with new metadata (PrepareCommit, epoch + 1) and a
-//! [`core::MarkerJob`]; `state` makes the metadata durable through [`storage::Storage`] and
-//! hands the job to `markers`; `grpc` replies OK with the bumped (PID, epoch), its error (if
+//! [`core::MarkerJob`]; `state` makes the metadata durable through the group commit
+//! (`commit`: the writes of concurrent requests for other ids share its flush) and hands the job
+//! to `markers`; `grpc` replies OK with the bumped (PID, epoch), its error (if
 //! any) mapped by [`error_code`]. In the background, `markers` sends WriteTxnMarkers to every
 //! leader in parallel (and WriteGroupOffsetMarker to each group's coordinator, which is `groups`
 //! on that node), asks [`core::marker_reply`] what each answer means (acknowledged, retry, or
 //! stop) and retries with backoff until acknowledged; then [`core::complete_markers`] moves the
 //! id to CompleteCommit, which `state` persists too. A crash between the two writes leaves
 //! PrepareCommit on disk; the next start (`state`'s load) re-sends the markers and completes the
-//! commit.
+//! commit. A request for the id that arrives meanwhile (the producer's next InitProducerId or
+//! EndTxn) does not bounce with CONCURRENT_TRANSACTIONS: `state` lets it wait, up to
+//! [`CoordinatorConfig::max_prepare_wait`], for the completion and then answers it.
 //!
 //! The group's coordinator fences each WriteGroupOffsetMarker the way a partition leader fences
 //! WriteTxnMarkers: both apply [`cluster::marker_fence::check`]. Per group it records the epoch
@@ -56,4 +60,6 @@ pub mod service;
 pub mod storage;
 
 pub use error::{error_code, Error};
-pub use service::{serve, serve_with_kafka, serve_with_storage, CoordinatorConfig};
+pub use service::{
+    serve, serve_with_kafka, serve_with_storage, CoordinatorConfig, DEFAULT_MAX_PREPARE_WAIT,
+};

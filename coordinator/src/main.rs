@@ -5,8 +5,9 @@
 //!             --topology /etc/minibroker/topology.toml
 //! ```
 //! Every flag falls back to an environment variable (NODE_ID, LISTEN_ADDR, DATA_DIR, TOPOLOGY),
-//! for compose files. Logs go to stderr through `tracing` (filter with RUST_LOG, default
-//! `info`). SIGTERM or ctrl-c stops the server cleanly (sled flushed and closed).
+//! for compose files; `--metrics-listen ADDR` (METRICS_LISTEN) serves Prometheus metrics at
+//! `/metrics`. Logs go to stderr through `tracing` (filter with RUST_LOG, default `info`; text or
+//! `--log-format json`, LOG_FORMAT). SIGTERM or ctrl-c stops the server cleanly (sled flushed and closed).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,18 +51,22 @@ struct Args {
     /// The cluster secret itself (prefer the file: a flag shows in `ps`).
     #[arg(long, env = "CLUSTER_SECRET", hide_env_values = true)]
     cluster_secret: Option<String>,
+    /// How long a request whose id's markers are still being written waits for them before it
+    /// is answered CONCURRENT_TRANSACTIONS, in milliseconds (0: answer at once).
+    #[arg(long, env = "MAX_PREPARE_WAIT_MS", default_value_t = coordinator::DEFAULT_MAX_PREPARE_WAIT.as_millis() as u64)]
+    max_prepare_wait_ms: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 0.0.0.0:9404.
+    #[arg(long, env = "METRICS_LISTEN")]
+    metrics_listen: Option<String>,
+    /// Log lines as text or json (always on stderr).
+    #[arg(long, env = "LOG_FORMAT", default_value_t = cluster::logs::LogFormat::Text)]
+    log_format: cluster::logs::LogFormat,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
+    cluster::logs::init(args.log_format, "info");
     let topology = cluster::Topology::load(&args.topology)
         .with_context(|| format!("loading topology {}", args.topology.display()))?;
     let mut config =
@@ -80,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
             config.data_dir.display()
         )
     })?;
+    config.max_prepare_wait = Duration::from_millis(args.max_prepare_wait_ms);
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -92,13 +98,21 @@ async fn main() -> anyhow::Result<()> {
         ),
         None => None,
     };
-    coordinator::serve_with_kafka(
-        config,
-        listener,
-        kafka_listener,
-        cluster::node::shutdown_signal(),
-    )
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    if let Some(address) = &args.metrics_listen {
+        let (bound, _) =
+            cluster::metrics::spawn_endpoint(address, config.metrics.clone(), stopped.clone())
+                .await?;
+        tracing::info!(address = %bound, "metrics at /metrics");
+    }
+    tokio::spawn(async move {
+        cluster::node::shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let mut stopped = stopped.clone();
+    coordinator::serve_with_kafka(config, listener, kafka_listener, async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    })
     .await
-    .context("coordinator failed")?;
-    Ok(())
+    .context("coordinator failed")
 }

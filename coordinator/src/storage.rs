@@ -15,6 +15,9 @@
 //! - in tree `__coordinator_meta`: the coordinator generation (bumped at every start) and the
 //!   PID block bound (see [`crate::core::PidAllocator`]).
 //!
+//! [`Storage::put_txns`] writes several ids' metadata with one flush: the service's group
+//! commit (`service/commit.rs`) gathers the transitions of concurrent requests into it.
+//!
 //! Why a trait: the service is written against [`Storage`]; [`SledStorage`] is the real engine,
 //! [`MemoryStorage`] the one for tests that do not need a disk. Every write method returns only
 //! once the write is durable (sled `flush`), because the protocol replies only after persisting.
@@ -64,6 +67,9 @@ pub enum StorageError {
     /// The blocking task running a storage call failed.
     #[error("storage task: {0}")]
     Task(String),
+    /// The group commit that carried this write failed (the message of the batch's error).
+    #[error("group commit: {0}")]
+    GroupCommit(String),
     /// Encoding failed.
     #[error("encode: {0}")]
     Encode(#[from] serde_json::Error),
@@ -86,6 +92,11 @@ pub trait Storage: Send + Sync + 'static {
     fn load(&self) -> Result<Snapshot, StorageError>;
     /// Stores one id's metadata.
     fn put_txn(&self, meta: &TxnMetadata) -> Result<(), StorageError>;
+    /// Stores several ids' metadata (a group commit: one flush covers them all); durable when
+    /// it returns, like every write. The default writes them one by one.
+    fn put_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
+        metas.iter().try_for_each(|meta| self.put_txn(meta))
+    }
     /// Stores the coordinator generation.
     fn put_generation(&self, generation: i64) -> Result<(), StorageError>;
     /// Stores the PID block bound.
@@ -223,6 +234,19 @@ impl Storage for SledStorage {
     fn put_txn(&self, meta: &TxnMetadata) -> Result<(), StorageError> {
         let value = serde_json::to_vec(meta)?;
         self.txns.insert(meta.transactional_id.as_bytes(), value)?;
+        self.durable()
+    }
+
+    fn put_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
+        // One atomic batch and one flush for the lot: the group commit's whole point.
+        if let [meta] = metas {
+            return self.put_txn(meta);
+        }
+        let mut batch = sled::Batch::default();
+        for meta in metas {
+            batch.insert(meta.transactional_id.as_bytes(), serde_json::to_vec(meta)?);
+        }
+        self.txns.apply_batch(batch)?;
         self.durable()
     }
 
@@ -457,6 +481,16 @@ mod tests {
         assert_eq!(snap.txns[0], meta);
         assert_eq!((snap.generation, snap.pid_block_end), (4, 2000));
 
+        // A group commit: several ids, one of them updated, in one call.
+        meta.producer_epoch = 4;
+        let c = TxnMetadata::new("txn-c", 9, 1000, 5);
+        store.put_txns(&[meta.clone(), c.clone()]).unwrap();
+        store.put_txns(&[]).unwrap();
+        let snap = store.load().unwrap();
+        assert_eq!(snap.txns.len(), 3);
+        assert_eq!(snap.txns[0], meta);
+        assert_eq!(snap.txns[2], c);
+
         let tp = |t: &str, p| TopicPartition::new(t, p);
         let marker = |group: &str, offsets: PendingOffsets, pid, epoch, generation| {
             store
@@ -529,7 +563,7 @@ mod tests {
         // Reopening at once works: `open` waits for the previous instance's lock to go.
         let store = SledStorage::open(dir.path()).unwrap();
         let snap = store.load().unwrap();
-        assert_eq!(snap.txns.len(), 2);
+        assert_eq!(snap.txns.len(), 3);
         assert_eq!(snap.generation, 4);
         assert_eq!(store.group_offsets("g").unwrap().len(), 3);
         assert_eq!(

@@ -314,3 +314,68 @@ async fn invalid_producer_epoch_counts_for_abort_but_never_completes_a_commit() 
     tokio::time::sleep(Duration::from_millis(100)).await; // observe the absence of completion
     assert_eq!(t.describe().await.state, TxnState::PrepareCommit as i32);
 }
+
+#[tokio::test]
+async fn health_is_not_serving_until_loaded_and_reflection_lists_the_services() {
+    use testkit::standard::{health, reflected_services, reflection_knows};
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    let cluster = Cluster::start(1).await;
+    let storage = Arc::new(TestStorage::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let config = coordinator::CoordinatorConfig::new(1, "/nonexistent", cluster.topology.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(coordinator::serve_with_storage(
+        config,
+        storage.clone(),
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    // Still loading (the storage's load waits for the gate): the node and its service are
+    // NOT_SERVING, the topology service already serves.
+    let node = eventually("health answers", || {
+        let addr = addr.clone();
+        async move { health(&addr, "").await.ok() }
+    })
+    .await;
+    assert_eq!(node, ServingStatus::NotServing);
+    let service = "minibroker.v1.TransactionCoordinator";
+    assert_eq!(health(&addr, service).await, Ok(ServingStatus::NotServing));
+    assert_eq!(
+        health(&addr, "minibroker.v1.Cluster").await,
+        Ok(ServingStatus::Serving)
+    );
+    assert!(health(&addr, "minibroker.v1.PartitionLeader")
+        .await
+        .unwrap_err()
+        .starts_with("NotFound"));
+
+    storage.open_gate();
+    testkit::poll::wait_until(Duration::from_secs(10), "SERVING once loaded", || {
+        let addr = addr.clone();
+        async move { health(&addr, service).await == Ok(ServingStatus::Serving) }
+    })
+    .await;
+    assert_eq!(health(&addr, "").await, Ok(ServingStatus::Serving));
+
+    assert_eq!(
+        reflected_services(&addr).await.unwrap(),
+        vec![
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "minibroker.v1.Cluster",
+            "minibroker.v1.TransactionCoordinator",
+        ]
+    );
+    assert_eq!(reflection_knows(&addr, service).await, Ok(true));
+    assert_eq!(
+        reflection_knows(&addr, "minibroker.v1.InitProducerIdRequest").await,
+        Ok(true)
+    );
+
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}

@@ -101,12 +101,17 @@ pub struct BenchReport {
 impl BenchReport {
     /// The human table.
     pub fn print(&self) {
-        println!(
+        crate::outln!(
             "{:<24} {:>12} {:>10} {:>8} {:>10} {:>10}",
-            "PHASE", "RECORDS/S", "MIB/S", "TXNS", "COMMIT P50", "COMMIT P99"
+            "PHASE",
+            "RECORDS/S",
+            "MIB/S",
+            "TXNS",
+            "COMMIT P50",
+            "COMMIT P99"
         );
         for p in &self.phases {
-            println!(
+            crate::outln!(
                 "{:<24} {:>12.0} {:>10.2} {:>8} {:>8.1}ms {:>8.1}ms",
                 p.name,
                 p.records_per_sec,
@@ -116,16 +121,16 @@ impl BenchReport {
                 p.commit_p99_ms
             );
         }
-        println!(
+        crate::outln!(
             "pipeline ratio (idempotent-1p / leader-grpc-batch100): {:.2}x",
             self.pipeline_ratio
         );
-        println!(
+        crate::outln!(
             "concurrent ratio ({} / leader-grpc-batch100): {:.2}x",
             self.phases.last().map_or("", |p| p.name.as_str()),
             self.concurrent_ratio
         );
-        println!(
+        crate::outln!(
             "transactional overhead (idempotent / transactional-100ms): {:.3}x",
             self.overhead_ratio
         );

@@ -58,6 +58,10 @@ pub struct EmbeddedOptions {
     /// Fixed ports: node `k` (coordinators first, then leaders) listens on `base_port + k`.
     /// `None`: ephemeral ports.
     pub base_port: Option<u16>,
+    /// Serve each node's Prometheus metrics over HTTP on an ephemeral loopback port
+    /// ([`EmbeddedCluster::metrics_address`]). The registries exist either way
+    /// ([`EmbeddedCluster::metrics`]).
+    pub metrics_endpoints: bool,
 }
 
 impl Default for EmbeddedOptions {
@@ -73,6 +77,7 @@ impl Default for EmbeddedOptions {
             unsafe_skip_epoch_check: false,
             data_dir: None,
             base_port: None,
+            metrics_endpoints: false,
         }
     }
 }
@@ -121,6 +126,10 @@ struct NodeSlot {
     running: Option<Running>,
     /// A topology this node runs instead of the cluster's (a misconfiguration, for tests).
     topology: Option<Arc<Topology>>,
+    /// The node's metrics; kept across restarts (counters keep counting).
+    metrics: cluster::metrics::Metrics,
+    /// Where they are served, with the endpoint's stop signal.
+    metrics_endpoint: Option<(SocketAddr, tokio::sync::watch::Sender<bool>)>,
 }
 
 /// An in-process cluster. Dropping it stops every node (without waiting); call
@@ -181,6 +190,8 @@ impl EmbeddedCluster {
             nodes: BTreeMap::new(),
             secret: cluster::auth::ClusterSecret::generate(),
         };
+        // For tools an operator runs against this cluster as a member (an ABORT marker).
+        std::fs::write(cluster.secret_path(), cluster.secret.expose())?;
 
         // 3. Start every node on its listener.
         for (id, role, listener, kafka) in listeners {
@@ -188,6 +199,16 @@ impl EmbeddedCluster {
             std::fs::create_dir_all(&data_dir)?;
             let address = listener.local_addr()?;
             let kafka_address = kafka.local_addr()?;
+            let metrics = cluster::metrics::Metrics::new();
+            let metrics_endpoint = if cluster.options.metrics_endpoints {
+                let (stop, stopped) = tokio::sync::watch::channel(false);
+                let (bound, _) =
+                    cluster::metrics::spawn_endpoint("127.0.0.1:0", metrics.clone(), stopped)
+                        .await?;
+                Some((bound, stop))
+            } else {
+                None
+            };
             cluster.nodes.insert(
                 id,
                 NodeSlot {
@@ -197,6 +218,8 @@ impl EmbeddedCluster {
                     data_dir,
                     running: None,
                     topology: None,
+                    metrics,
+                    metrics_endpoint,
                 },
             );
             cluster.spawn(id, listener, kafka)?;
@@ -223,9 +246,11 @@ impl EmbeddedCluster {
             let _ = rx.await;
         };
         let data_dir = slot.data_dir.clone();
+        let metrics = slot.metrics.clone();
         let task = match slot.role {
             Role::Coordinator => {
                 let mut config = coordinator::CoordinatorConfig::new(id, data_dir, topology);
+                config.metrics = metrics;
                 config.timeout_scan_interval = options.timeout_scan_interval;
                 config.marker_retry_backoff = options.marker_retry_backoff;
                 config.max_transaction_timeout_ms = options.max_transaction_timeout_ms;
@@ -241,6 +266,7 @@ impl EmbeddedCluster {
                 let mut config = partition_leader::LeaderConfig::new(id, data_dir, topology);
                 config.unsafe_skip_epoch_check = options.unsafe_skip_epoch_check;
                 config.cluster_secret = Some(secret);
+                config.metrics = metrics;
                 tokio::spawn(async move {
                     partition_leader::serve_with_kafka(config, listener, Some(kafka), shutdown)
                         .await
@@ -323,6 +349,19 @@ impl EmbeddedCluster {
     /// Every node's address, coordinators first: a bootstrap list.
     pub fn bootstrap(&self) -> Vec<String> {
         self.nodes.values().map(|s| s.address.to_string()).collect()
+    }
+
+    /// Node `id`'s metrics registry.
+    pub fn metrics(&self, id: NodeId) -> Option<&cluster::metrics::Metrics> {
+        self.nodes.get(&id).map(|s| &s.metrics)
+    }
+
+    /// Where node `id`'s metrics are served (with [`EmbeddedOptions::metrics_endpoints`]).
+    pub fn metrics_address(&self, id: NodeId) -> Option<SocketAddr> {
+        self.nodes
+            .get(&id)
+            .and_then(|s| s.metrics_endpoint.as_ref())
+            .map(|(address, _)| *address)
     }
 
     /// A client configuration bootstrapping from every node.
@@ -418,6 +457,11 @@ impl EmbeddedCluster {
         self.restart(id).await
     }
 
+    /// The file holding [`EmbeddedCluster::cluster_secret`] (in the cluster's directory).
+    pub fn secret_path(&self) -> PathBuf {
+        self.dir.join("cluster.secret")
+    }
+
     /// The cluster secret every node was started with (tests sign internal requests with it).
     pub fn cluster_secret(&self) -> &cluster::auth::ClusterSecret {
         &self.secret
@@ -462,6 +506,9 @@ impl Drop for EmbeddedCluster {
         for slot in self.nodes.values_mut() {
             if let Some(running) = slot.running.take() {
                 let _ = running.shutdown.send(());
+            }
+            if let Some((_, stop)) = slot.metrics_endpoint.take() {
+                let _ = stop.send(true);
             }
         }
     }

@@ -13,6 +13,7 @@
 //!   function per phase.
 //! - [`chaos`]: `minibroker chaos`: nodes and producers as child processes, a nemesis of
 //!   SIGKILLs, SIGSTOPs and zombie producers, and a checker that reads the history.
+//! - [`out`]: standard output that ends quietly on a closed pipe ([`outln!`]).
 //! - [`node`]: `minibroker node coordinator|leader`: one node in this process.
 //!
 //! The binary (`src/main.rs`) only parses the arguments, sets up tracing and the runtime, and
@@ -34,6 +35,7 @@ pub mod chaos;
 pub mod demo;
 pub mod embedded;
 pub mod node;
+pub mod out;
 pub mod process;
 
 pub use embedded::{EmbeddedCluster, EmbeddedOptions};

@@ -51,18 +51,22 @@ impl Default for ProcessOptions {
     }
 }
 
-/// What a processor run did.
+/// What a processor run did. Its JSON keys are the ones `produce --json` uses for the same
+/// things (`records_committed`, `transactions_aborted`, `producer_epoch`).
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ProcessStats {
     /// Committed transactions.
     pub transactions: u64,
     /// Input records whose output was committed.
+    #[serde(rename = "records_committed")]
     pub records: u64,
     /// Aborted rounds.
+    #[serde(rename = "transactions_aborted")]
     pub aborted: u64,
     /// (PID, epoch) after the last commit.
     pub producer_id: i64,
     /// See `producer_id`.
+    #[serde(rename = "producer_epoch")]
     pub epoch: i16,
 }
 

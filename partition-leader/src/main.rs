@@ -1,5 +1,7 @@
 //! The `partition-leader` binary: flags (with environment fallbacks), tracing, and
-//! [`partition_leader::serve`] until SIGTERM or ctrl-c.
+//! [`partition_leader::serve`] until SIGTERM or ctrl-c. `--metrics-listen ADDR` (METRICS_LISTEN)
+//! serves Prometheus metrics at `/metrics`; logs go to stderr (RUST_LOG, `--log-format
+//! text|json` or LOG_FORMAT).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,7 +10,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use partition_leader::LeaderConfig;
-use tracing_subscriber::EnvFilter;
 
 /// A mini-broker partition leader.
 #[derive(Debug, Parser)]
@@ -36,6 +37,12 @@ struct Args {
     /// topology).
     #[arg(long = "kafka-listen", env = "KAFKA_LISTEN_ADDR")]
     kafka_listen: Option<SocketAddr>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 0.0.0.0:9404.
+    #[arg(long, env = "METRICS_LISTEN")]
+    metrics_listen: Option<String>,
+    /// Log lines as text or json (always on stderr).
+    #[arg(long, env = "LOG_FORMAT", default_value_t = cluster::logs::LogFormat::Text)]
+    log_format: cluster::logs::LogFormat,
     /// DANGER: do not fence older epochs at this leader (demonstrates that the checker catches it).
     #[arg(long, env = "UNSAFE_SKIP_EPOCH_CHECK", hide = true)]
     unsafe_skip_epoch_check: bool,
@@ -49,12 +56,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
     let args = Args::parse();
+    cluster::logs::init(args.log_format, "info");
     let topology = cluster::Topology::load(&args.topology)
         .with_context(|| format!("loading topology {}", args.topology.display()))?;
     if topology.leader(args.node_id).is_none() {
@@ -88,12 +91,21 @@ async fn main() -> anyhow::Result<()> {
         ),
         None => None,
     };
-    partition_leader::serve_with_kafka(
-        config,
-        listener,
-        kafka_listener,
-        cluster::node::shutdown_signal(),
-    )
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    if let Some(address) = &args.metrics_listen {
+        let (bound, _) =
+            cluster::metrics::spawn_endpoint(address, config.metrics.clone(), stopped.clone())
+                .await?;
+        tracing::info!(address = %bound, "metrics at /metrics");
+    }
+    tokio::spawn(async move {
+        cluster::node::shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let mut stopped = stopped.clone();
+    partition_leader::serve_with_kafka(config, listener, kafka_listener, async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    })
     .await?;
     Ok(())
 }

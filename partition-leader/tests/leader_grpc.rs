@@ -492,3 +492,84 @@ async fn serves_cluster_metadata_and_stops_promptly_during_a_long_poll() {
         assert!(r.into_inner().records.is_empty());
     }
 }
+
+#[tokio::test]
+async fn a_marker_batch_is_written_as_one_request_per_transaction_would_be() {
+    let c = cluster().await;
+    c.coordinator.set("txn-a", 10, 0, &[0]);
+    c.coordinator.set("txn-b", 20, 0, &[0]);
+    let mut l0 = c.leaders[0].client();
+    let r = produce(&mut l0, 0, batch(10, 0, 0, &["a1"], Some("txn-a"))).await;
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    let r = produce(&mut l0, 0, batch(20, 0, 0, &["b1"], Some("txn-b"))).await;
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    let marker =
+        |pid: i64, epoch: i32, commit: bool, generation: i64| proto::WriteTxnMarkersRequest {
+            producer_id: pid,
+            producer_epoch: epoch,
+            result: if commit {
+                proto::TxnResult::Commit
+            } else {
+                proto::TxnResult::Abort
+            } as i32,
+            coordinator_id: 1,
+            coordinator_generation: generation,
+            partitions: vec![proto::TopicPartition {
+                topic: TOPIC.into(),
+                partition: 0,
+            }],
+            transactional_id: String::new(),
+            auth: None,
+            transaction_version: 2,
+        };
+    let topology = c.leaders[0].topology.clone();
+    let signed = |mut m: proto::WriteTxnMarkersRequest| {
+        testkit::auth::sign_marker(&topology, &mut m);
+        m
+    };
+    // A commit for txn-a, an abort for txn-b, and a marker of a PID the partition never saw
+    // at an invalid result: each answered on its own, in request order.
+    let mut bad = marker(30, 1, true, 1);
+    bad.result = 77;
+    let responses = l0
+        .write_txn_markers_batch(proto::WriteTxnMarkersBatchRequest {
+            markers: vec![
+                signed(marker(10, 1, true, 1)),
+                signed(marker(20, 1, false, 1)),
+                signed(bad),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .responses;
+    let codes: Vec<Vec<ErrorCode>> = responses
+        .iter()
+        .map(|r| r.results.iter().map(|p| code(p.error_code)).collect())
+        .collect();
+    assert_eq!(
+        codes,
+        vec![
+            vec![ErrorCode::None],
+            vec![ErrorCode::None],
+            vec![ErrorCode::InvalidRequest]
+        ]
+    );
+    // read_committed sees the committed transaction only.
+    let committed = fetch(&mut l0, 0, 0, true).await;
+    assert_eq!(values(&committed), vec!["a1"]);
+    // The same markers again change nothing (each transaction's fence applies as alone).
+    let responses = l0
+        .write_txn_markers_batch(proto::WriteTxnMarkersBatchRequest {
+            markers: vec![
+                signed(marker(10, 1, true, 1)),
+                signed(marker(20, 1, false, 1)),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .responses;
+    assert_eq!(responses.len(), 2);
+    assert_eq!(values(&fetch(&mut l0, 0, 0, true).await), vec!["a1"]);
+}

@@ -603,3 +603,109 @@ async fn concurrent_producers_markers_and_readers_keep_the_invariants() {
     assert_eq!(all.high_watermark, 4 * 40 + 10 * 3 + 10);
     assert_eq!(all.records.len() as i64, all.high_watermark - 10);
 }
+
+/// The standard services over real gRPC: SERVING once loaded, NOT_SERVING once a partition went
+/// offline; reflection lists what a leader serves; the node's metrics count the produce, its
+/// rejection and the LSO lag.
+#[tokio::test]
+async fn health_reflection_and_metrics_of_a_leader() {
+    use testkit::standard::{health, reflected_services};
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    let storage = Arc::new(MemoryStorage::new());
+    let config = config();
+    let metrics = config.metrics.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(partition_leader::serve_with(
+        config,
+        storage.clone(),
+        Arc::new(FakeVerifier::default()),
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let service = "minibroker.v1.PartitionLeader";
+    testkit::poll::wait_until(Duration::from_secs(10), "SERVING", || {
+        let addr = addr.clone();
+        async move { health(&addr, service).await == Ok(ServingStatus::Serving) }
+    })
+    .await;
+    assert_eq!(
+        reflected_services(&addr).await.unwrap(),
+        vec![
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "minibroker.v1.Cluster",
+            "minibroker.v1.PartitionLeader",
+        ]
+    );
+
+    let mut client =
+        proto::partition_leader_client::PartitionLeaderClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+    let produce = |b: RecordBatch| ProduceRequest {
+        topic: "t".into(),
+        partition: 0,
+        batch: Some(b),
+    };
+    let r = client
+        .produce(produce(batch(1, 0, 0, &["a", "b"], true)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(r.error_code), ErrorCode::None);
+    let r = client
+        .produce(produce(batch(2, 1, 0, &["c"], false)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(r.error_code), ErrorCode::None);
+    let r = client
+        .produce(produce(batch(2, 0, 1, &["zombie"], false)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(r.error_code), ErrorCode::InvalidProducerEpoch);
+    let text = metrics.render();
+    let sample = |name, labels: &[(&str, &str)]| cluster::metrics::sample(&text, name, labels);
+    assert_eq!(
+        sample(
+            "kafka_network_requestmetrics_errors_total",
+            &[("request", "Produce"), ("error", "NONE")]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            "minibroker_fenced_requests_total",
+            &[("error", "INVALID_PRODUCER_EPOCH"), ("producer_id", "2")]
+        ),
+        Some(1.0)
+    );
+    // The open transaction (offsets 0 and 1) holds the LSO at 0 while the high watermark is 3.
+    assert_eq!(
+        sample(
+            "kafka_cluster_partition_laststableoffsetlag",
+            &[("topic", "t"), ("partition", "0")]
+        ),
+        Some(3.0)
+    );
+
+    storage.set_fail_writes(true);
+    storage.set_fail_loads(true);
+    let r = client
+        .produce(produce(batch(3, 0, 0, &["x"], false)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(r.error_code), ErrorCode::KafkaStorageError);
+    assert_eq!(health(&addr, service).await, Ok(ServingStatus::NotServing));
+    assert_eq!(health(&addr, "").await, Ok(ServingStatus::NotServing));
+
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}

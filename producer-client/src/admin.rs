@@ -271,6 +271,47 @@ impl RawRequests {
         Ok((r.producer_id, r.producer_epoch as i16))
     }
 
+    /// WriteTxnMarkers(ABORT) for `producer_id` on `tp` alone, at the partition's leader, signed
+    /// with `credentials` (a cluster member's) at `coordinator_generation`: an operator's tool for
+    /// a transaction that holds a partition's LSO while no coordinator knows it (Kafka's
+    /// `kafka-transactions.sh abort --topic --partition`). The leader fences it like any marker.
+    pub async fn write_abort_marker(
+        &self,
+        tp: &TopicPartition,
+        producer_id: i64,
+        epoch: i16,
+        coordinator_generation: i64,
+        transactional_id: &str,
+        credentials: &cluster::auth::Credentials,
+    ) -> Result<()> {
+        let leader = self.conn.leader_for(&tp.topic, tp.partition).await?;
+        let mut client = self.conn.leader(&leader.address)?;
+        let mut request = proto::WriteTxnMarkersRequest {
+            producer_id,
+            producer_epoch: i32::from(epoch),
+            result: TxnResult::Abort as i32,
+            coordinator_id: credentials.node_id,
+            coordinator_generation,
+            partitions: vec![tp.clone().into()],
+            transactional_id: transactional_id.to_string(),
+            auth: None,
+            transaction_version: 2,
+        };
+        cluster::auth::sign(credentials, &mut request, cluster::node::now_ms());
+        let response = self
+            .conn
+            .rpc(
+                &leader.address,
+                Duration::ZERO,
+                client.write_txn_markers(request),
+            )
+            .await?;
+        for result in response.results {
+            Error::check(result.error_code, &result.error_message)?;
+        }
+        Ok(())
+    }
+
     /// Produce of one batch to `tp` with exactly the fields given.
     #[allow(clippy::too_many_arguments)]
     pub async fn produce(

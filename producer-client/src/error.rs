@@ -65,7 +65,7 @@ pub enum Error {
         message: String,
     },
     /// Any other protocol error code the server answered with.
-    #[error("{code:?}: {message}")]
+    #[error("{}: {message}", code.name())]
     Server {
         /// The wire error code.
         code: ErrorCode,

@@ -14,6 +14,11 @@
 
 tonic::include_proto!("minibroker.v1");
 
+/// The encoded `FileDescriptorSet` of `minibroker.proto`: what gRPC server reflection serves, so
+/// grpcurl-style tools can list and call the services without the .proto file.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/minibroker_descriptor.bin"));
+
 /// The largest producer epoch (Kafka's `Short.MAX_VALUE`).
 pub const MAX_EPOCH: i32 = i16::MAX as i32;
 

@@ -23,6 +23,12 @@ use tonic::{Request, Response, Status};
 pub struct FakeLeader {
     pub reply: Arc<Mutex<ErrorCode>>,
     pub markers: Arc<Mutex<Vec<WriteTxnMarkersRequest>>>,
+    /// The size of every WriteTxnMarkersBatch received.
+    pub batches: Arc<Mutex<Vec<usize>>>,
+    /// false: answers WriteTxnMarkersBatch UNIMPLEMENTED, like a leader that predates it.
+    pub batches_supported: Arc<Mutex<bool>>,
+    /// Every marker request waits for a read lock of this: hold the write lock to pause them.
+    pub gate: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Default for FakeLeader {
@@ -30,6 +36,9 @@ impl Default for FakeLeader {
         Self {
             reply: Arc::new(Mutex::new(ErrorCode::None)),
             markers: Arc::default(),
+            batches: Arc::default(),
+            batches_supported: Arc::new(Mutex::new(true)),
+            gate: Arc::default(),
         }
     }
 }
@@ -70,6 +79,7 @@ impl PartitionLeader for FakeLeader {
         &self,
         request: Request<WriteTxnMarkersRequest>,
     ) -> Result<Response<WriteTxnMarkersResponse>, Status> {
+        let _open = self.gate.read().await;
         let request = request.into_inner();
         self.markers.lock().unwrap().push(request.clone());
         let code = *self.reply.lock().unwrap();
@@ -84,6 +94,22 @@ impl PartitionLeader for FakeLeader {
                 })
                 .collect(),
         }))
+    }
+
+    async fn write_txn_markers_batch(
+        &self,
+        request: Request<WriteTxnMarkersBatchRequest>,
+    ) -> Result<Response<WriteTxnMarkersBatchResponse>, Status> {
+        let markers = request.into_inner().markers;
+        if !*self.batches_supported.lock().unwrap() {
+            return Err(Status::unimplemented("an older leader"));
+        }
+        self.batches.lock().unwrap().push(markers.len());
+        let mut responses = Vec::new();
+        for m in markers {
+            responses.push(self.write_txn_markers(Request::new(m)).await?.into_inner());
+        }
+        Ok(Response::new(WriteTxnMarkersBatchResponse { responses }))
     }
 
     async fn describe_producers(

@@ -10,6 +10,8 @@
 //!   never a bare sleep ([`poll::wait_until`] is its front for a `bool` condition).
 //! - [`requests`]: protocol messages built once (EndTxn, Fetch, WriteTxnMarkers, a batch) and
 //!   the values of a fetch reply.
+//! - [`standard`]: clients of the standard gRPC services every node serves (health and
+//!   reflection), as grpcurl or a load balancer would ask them.
 //! - [`fakes`]: stand-ins served over real gRPC or called in process: [`FakeLeader`] (a
 //!   partition leader that records markers and answers with a chosen code),
 //!   [`FakeCoordinator`] (VerifyTransaction from a table the test edits) and [`FakeVerifier`]
@@ -24,6 +26,7 @@ pub mod fakes;
 pub mod golden;
 pub mod poll;
 pub mod requests;
+pub mod standard;
 
 pub use fakes::{FakeCoordinator, FakeLeader, FakeTxn, FakeVerifier};
 pub use poll::eventually;

@@ -290,6 +290,46 @@ pub struct TxnMetadata {
     /// written before versions existed read as version 2).
     #[serde(default)]
     pub client_transaction_version: TransactionVersion,
+    /// (beyond Kafka) The last [`MAX_EPOCH_HISTORY`] epoch changes, oldest first: what
+    /// `transactions history` shows. Stored with the rest (absent in older values: empty).
+    #[serde(default)]
+    pub history: Vec<EpochChange>,
+}
+
+/// How many epoch changes [`TxnMetadata::history`] keeps.
+pub const MAX_EPOCH_HISTORY: usize = 64;
+
+/// One epoch change of a transactional id: the (PID, epoch) it moved to, why, when, and who
+/// asked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochChange {
+    /// The PID after the change.
+    pub producer_id: ProducerId,
+    /// The epoch after the change (the client's; see [`TxnMetadata::client_identity`]).
+    pub epoch: ProducerEpoch,
+    /// Why (`new_producer_id`, `new_instance`, `kip360`, `end_txn`, `timeout`, `rotation`).
+    pub cause: String,
+    /// When (Unix ms).
+    pub at_ms: i64,
+    /// Who caused it: the client's address as the coordinator saw it, or `coordinator` for its
+    /// own timeout scan.
+    pub instance: String,
+}
+
+impl TxnMetadata {
+    /// Appends one change to the history, dropping the oldest beyond [`MAX_EPOCH_HISTORY`].
+    pub fn record_epoch_change(&mut self, cause: &str, instance: &str, at_ms: i64) {
+        let identity = self.client_identity();
+        self.history.push(EpochChange {
+            producer_id: identity.producer_id,
+            epoch: identity.epoch,
+            cause: cause.to_string(),
+            at_ms,
+            instance: instance.to_string(),
+        });
+        let excess = self.history.len().saturating_sub(MAX_EPOCH_HISTORY);
+        self.history.drain(..excess);
+    }
 }
 
 /// serde_json maps need string keys; offsets are stored as lists of (partition, offset).
@@ -344,6 +384,7 @@ impl TxnMetadata {
             last_update_ms: now_ms,
             timed_out: false,
             client_transaction_version: TransactionVersion::V2,
+            history: Vec::new(),
         }
     }
 

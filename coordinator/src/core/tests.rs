@@ -1339,3 +1339,25 @@ fn transaction_versions_from_the_wire() {
     let meta: TxnMetadata = serde_json::from_value(json).unwrap();
     assert_eq!(meta.client_transaction_version, TransactionVersion::V2);
 }
+
+#[test]
+fn the_epoch_history_keeps_the_last_changes_only() {
+    let mut meta = TxnMetadata::new("h", 7, 60_000, 0);
+    for at in 0..(MAX_EPOCH_HISTORY as i64 + 10) {
+        meta.producer_epoch = at as i16;
+        meta.record_epoch_change("end_txn", "127.0.0.1:1", at);
+    }
+    assert_eq!(meta.history.len(), MAX_EPOCH_HISTORY);
+    assert_eq!(meta.history[0].at_ms, 10);
+    assert_eq!(meta.history[0].epoch, 10);
+    let last = meta.history.last().unwrap();
+    assert_eq!(
+        (last.producer_id, last.epoch),
+        (7, MAX_EPOCH_HISTORY as i16 + 9)
+    );
+    // Values stored before the history existed still load.
+    let mut json = serde_json::to_value(&meta).unwrap();
+    json.as_object_mut().unwrap().remove("history");
+    let old: TxnMetadata = serde_json::from_value(json).unwrap();
+    assert!(old.history.is_empty());
+}

@@ -10,6 +10,7 @@ use proto::transaction_coordinator_server::TransactionCoordinator;
 use tonic::{Request, Response, Status};
 use tracing::{debug, instrument};
 
+use super::state::REQUESTER;
 use super::{wire, Shared};
 use crate::core::ProducerIdAndEpoch;
 use crate::error::{code_of, error_code};
@@ -26,6 +27,13 @@ impl CoordinatorService {
     }
 }
 
+/// The address a request came from, as the epoch history names the instance.
+fn requester<T>(request: &Request<T>) -> String {
+    request
+        .remote_addr()
+        .map_or_else(|| "unknown".to_string(), |a| a.to_string())
+}
+
 /// "No (PID, epoch)" in a reply that carries one.
 const NO_IDENTITY: ProducerIdAndEpoch =
     ProducerIdAndEpoch::new(cluster::NO_PRODUCER_ID, cluster::NO_PRODUCER_EPOCH);
@@ -40,11 +48,26 @@ impl TransactionCoordinator for CoordinatorService {
         debug!("InitProducerId");
         let s = &self.shared;
         let max_timeout = s.config.max_transaction_timeout_ms;
+        let (txn_id, pid) = (
+            request
+                .get_ref()
+                .transactional_id
+                .clone()
+                .unwrap_or_default(),
+            request.get_ref().expected_producer_id,
+        );
+        let requester = requester(&request);
         let result = match wire::init_producer_id(request.into_inner(), max_timeout) {
-            Ok(request) => s.init_producer_id(request).await,
+            Ok(request) => {
+                REQUESTER
+                    .scope(requester, s.init_producer_id(request))
+                    .await
+            }
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("InitProducerId", error_code, &txn_id, pid);
         let id = result.unwrap_or(NO_IDENTITY);
         Ok(Response::new(proto::InitProducerIdResponse {
             error_code,
@@ -63,11 +86,17 @@ impl TransactionCoordinator for CoordinatorService {
             partitions = request.get_ref().partitions.len(),
             "AddPartitionsToTxn"
         );
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
         let result = match wire::add_partitions(request.into_inner()) {
             Ok((caller, partitions)) => self.shared.add_partitions(caller, partitions).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("AddPartitionsToTxn", error_code, &txn_id, pid);
         Ok(Response::new(proto::AddPartitionsToTxnResponse {
             error_code,
             error_message,
@@ -80,11 +109,17 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::AddOffsetsToTxnRequest>,
     ) -> Result<Response<proto::AddOffsetsToTxnResponse>, Status> {
         debug!("AddOffsetsToTxn");
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
         let result = match wire::add_offsets(request.into_inner()) {
             Ok((caller, group)) => self.shared.add_offsets(caller, group).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("AddOffsetsToTxn", error_code, &txn_id, pid);
         Ok(Response::new(proto::AddOffsetsToTxnResponse {
             error_code,
             error_message,
@@ -97,6 +132,10 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::TxnOffsetCommitRequest>,
     ) -> Result<Response<proto::TxnOffsetCommitResponse>, Status> {
         debug!(offsets = request.get_ref().offsets.len(), "TxnOffsetCommit");
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
         let result = match wire::txn_offset_commit(request.into_inner()) {
             Ok((caller, group, offsets)) => {
                 self.shared.txn_offset_commit(caller, group, offsets).await
@@ -104,6 +143,8 @@ impl TransactionCoordinator for CoordinatorService {
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("TxnOffsetCommit", error_code, &txn_id, pid);
         Ok(Response::new(proto::TxnOffsetCommitResponse {
             error_code,
             error_message,
@@ -116,11 +157,13 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::OffsetFetchRequest>,
     ) -> Result<Response<proto::OffsetFetchResponse>, Status> {
         debug!("OffsetFetch");
+        let (txn_id, pid) = (String::new(), cluster::NO_PRODUCER_ID);
         let result = match wire::offset_fetch(request.into_inner()) {
             Ok((group, partitions)) => self.shared.offset_fetch(group, partitions).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared.count("OffsetFetch", error_code, &txn_id, pid);
         Ok(Response::new(proto::OffsetFetchResponse {
             error_code,
             error_message,
@@ -134,11 +177,21 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::EndTxnRequest>,
     ) -> Result<Response<proto::EndTxnResponse>, Status> {
         debug!("EndTxn");
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
+        let requester = requester(&request);
         let result = match wire::end_txn(request.into_inner()) {
-            Ok((caller, result)) => self.shared.end_txn(caller, result).await,
+            Ok((caller, result)) => {
+                REQUESTER
+                    .scope(requester, self.shared.end_txn(caller, result))
+                    .await
+            }
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared.count("EndTxn", error_code, &txn_id, pid);
         let id = result.unwrap_or(NO_IDENTITY);
         Ok(Response::new(proto::EndTxnResponse {
             error_code,
@@ -154,11 +207,14 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::ListTransactionsRequest>,
     ) -> Result<Response<proto::ListTransactionsResponse>, Status> {
         debug!("ListTransactions");
+        let (txn_id, pid) = (String::new(), cluster::NO_PRODUCER_ID);
         let result = match wire::state_filters(request.get_ref()) {
             Ok(filters) => self.shared.list_transactions(filters).await,
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("ListTransactions", error_code, &txn_id, pid);
         Ok(Response::new(proto::ListTransactionsResponse {
             error_code,
             error_message,
@@ -189,6 +245,14 @@ impl TransactionCoordinator for CoordinatorService {
                 transactions.push(self.shared.describe_transaction(id, now).await);
             }
         }
+        for t in &transactions {
+            self.shared.count(
+                "DescribeTransactions",
+                t.error_code,
+                "",
+                cluster::NO_PRODUCER_ID,
+            );
+        }
         Ok(Response::new(proto::DescribeTransactionsResponse {
             transactions,
         }))
@@ -200,6 +264,10 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::VerifyTransactionRequest>,
     ) -> Result<Response<proto::VerifyTransactionResponse>, Status> {
         debug!("VerifyTransaction");
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
         let request = request.into_inner();
         let result = match self
             .shared
@@ -211,6 +279,8 @@ impl TransactionCoordinator for CoordinatorService {
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("VerifyTransaction", error_code, &txn_id, pid);
         Ok(Response::new(proto::VerifyTransactionResponse {
             error_code,
             error_message,
@@ -223,6 +293,10 @@ impl TransactionCoordinator for CoordinatorService {
         request: Request<proto::WriteGroupOffsetMarkerRequest>,
     ) -> Result<Response<proto::WriteGroupOffsetMarkerResponse>, Status> {
         debug!("WriteGroupOffsetMarker");
+        let (txn_id, pid) = (
+            request.get_ref().transactional_id.clone(),
+            request.get_ref().producer_id,
+        );
         let request = request.into_inner();
         let sender = self.shared.authenticate(&request).and_then(|sender| {
             let (claimed, id) = (request.coordinator_id, &request.transactional_id);
@@ -233,6 +307,8 @@ impl TransactionCoordinator for CoordinatorService {
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);
+        self.shared
+            .count("WriteGroupOffsetMarker", error_code, &txn_id, pid);
         Ok(Response::new(proto::WriteGroupOffsetMarkerResponse {
             error_code,
             error_message,

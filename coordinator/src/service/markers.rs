@@ -14,7 +14,6 @@ use std::time::Duration;
 use cluster::node::{lock, now_ms};
 use cluster::{NodeId, TopicPartition};
 use futures::future::{BoxFuture, FutureExt};
-use proto::partition_leader_client::PartitionLeaderClient;
 use proto::transaction_coordinator_client::TransactionCoordinatorClient;
 use proto::ErrorCode;
 use tonic::transport::{Channel, Endpoint};
@@ -89,11 +88,15 @@ impl Shared {
         let slot = self.slot(&job.transactional_id, false);
         let mut backoff = Backoff::new(self.config.marker_retry_backoff);
         loop {
-            let mut stored = slot.lock().await;
+            let mut stored = slot.meta.lock().await;
             let Some(meta) = stored.as_ref() else { return };
             let outcome = core::complete_markers(meta, job, now_ms());
             match self.apply(&mut stored, outcome).await {
-                Ok(_) => return,
+                Ok(_) => {
+                    // Requests waiting out the Prepare* state (see `state`) run again now.
+                    slot.settled.notify_waiters();
+                    return;
+                }
                 Err(e) => {
                     error!(txn_id = %job.transactional_id, error = %e, "persisting completion failed; retrying")
                 }
@@ -163,7 +166,7 @@ impl Shared {
 
     /// WriteTxnMarkers to one leader, for its partitions of the transaction.
     async fn markers_to_leader(
-        &self,
+        self: &Arc<Self>,
         job: &MarkerJob,
         leader: Option<NodeId>,
         partitions: Vec<TopicPartition>,
@@ -185,9 +188,10 @@ impl Shared {
         .await
     }
 
-    /// One WriteTxnMarkers round.
+    /// One WriteTxnMarkers round (through the leader's queue: batched with other
+    /// transactions' markers for the same leader, see `leader_queue`).
     async fn send_to_leader(
-        &self,
+        self: &Arc<Self>,
         job: &MarkerJob,
         address: &str,
         partitions: Vec<TopicPartition>,
@@ -204,14 +208,7 @@ impl Shared {
             transaction_version: job.transaction_version.to_wire(),
         };
         self.sign(&mut request);
-        let reply = match self.channel(address) {
-            Err(e) => Err(e),
-            Ok(channel) => PartitionLeaderClient::new(channel)
-                .write_txn_markers(request)
-                .await
-                .map(|r| r.into_inner())
-                .map_err(|s| s.to_string()),
-        };
+        let reply = self.write_txn_markers_queued(address, request).await;
         match reply {
             Err(e) => partitions
                 .into_iter()

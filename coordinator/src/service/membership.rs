@@ -3,8 +3,8 @@
 //! (VerifyTransaction from leaders, group markers from transaction coordinators), and the
 //! topology agreement with its peers.
 //!
-//! Agreement: a background check asks every other node for its topology fingerprint (Cluster
-//! Metadata) at start and then every `peer_check_interval`. Until the first check has run the
+//! Agreement: the coordinator asks every other node for its topology fingerprint (Cluster
+//! Metadata) at start, before it loads its state, and then every `peer_check_interval`. Until the first check has run the
 //! coordinator answers COORDINATOR_LOAD_IN_PROGRESS; while any peer that answers runs another
 //! topology it answers COORDINATOR_NOT_AVAILABLE for every id it would own (the error names the
 //! peer and both fingerprints), so two coordinators never both serve one id because their files
@@ -92,24 +92,30 @@ impl Shared {
     /// Asks every other node for its fingerprint now and then, until the coordinator stops.
     pub(super) async fn check_peers(&self) {
         loop {
-            let view = self.ask_peers().await;
-            let changed = {
-                let mut peers = lock(&self.peers);
-                let changed = *peers != view;
-                *peers = view.clone();
-                changed
-            };
-            if changed {
-                match &view {
-                    PeerView::Conflict(why) => error!(node_id = self.node_id, %why,
-                        "topology disagreement: not serving any transactional id until it is fixed"),
-                    _ => info!(node_id = self.node_id, fingerprint = %self.fingerprint,
-                        "every reachable peer runs this topology"),
-                }
-            }
             if self.sleep_or_stop(self.config.peer_check_interval).await {
                 return;
             }
+            self.refresh_peers().await;
+        }
+    }
+
+    /// One round of the check: asks every peer and records (and logs a change of) the view.
+    pub(super) async fn refresh_peers(&self) {
+        let view = self.ask_peers().await;
+        let changed = {
+            let mut peers = lock(&self.peers);
+            let changed = *peers != view;
+            *peers = view.clone();
+            changed
+        };
+        if !changed {
+            return;
+        }
+        match &view {
+            PeerView::Conflict(why) => error!(node_id = self.node_id, %why,
+                "topology disagreement: not serving any transactional id until it is fixed"),
+            _ => info!(node_id = self.node_id, fingerprint = %self.fingerprint,
+                "every reachable peer runs this topology"),
         }
     }
 

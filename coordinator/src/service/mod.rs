@@ -15,22 +15,33 @@
 //! - `markers`: the marker writer: sends what a [`crate::core::MarkerJob`] owes to leaders and
 //!   group coordinators through ONE deliver-with-backoff loop, asks the core what each reply
 //!   means ([`crate::core::marker_reply`]), and completes the transaction.
+//! - `leader_queue`: per leader, the queue whose task sends the WriteTxnMarkers of several
+//!   transactions in one WriteTxnMarkersBatch (one WriteTxnMarkers each to a leader without it).
 //! - `groups`: the receiving side of group markers and OffsetFetch: the only room that writes
 //!   `__consumer_offsets` and `__group_marker_state`.
 //! - `local`: what the Kafka face ([`crate::kafka`]) calls in-process: the same decoding and
 //!   room methods as `grpc`, answering with the domain result or the [`Error`].
 //! - `membership`: signing the internal requests this node sends, authenticating the ones it
 //!   receives ([`cluster::auth`]), and the topology agreement with its peers; touches no storage.
+//! - `commit`: the group commit writer: `state`'s writes of `__transaction_state` for different
+//!   ids queue there and share one flush; each waiter is released after the flush covering it.
 //!
 //! Serialisation: one `tokio::sync::Mutex` per transactional id (a map of them behind a std
 //! `Mutex` that is never held across `.await`). Holding the per-id lock across the sled write is
 //! the point: it orders every transition of an id after the previous one is durable. Requests
 //! for one id queue on it for the milliseconds of a write instead of being refused (see the core's
-//! module docs). The PID allocator has its own tokio lock, held across the PID-block write so no
+//! module docs). Different ids do not wait for each other: their writes meet in the group
+//! commit (`commit`) and share one flush. A request the core answers CONCURRENT_TRANSACTIONS only
+//! because the id is in Prepare* (markers outstanding) does not bounce: `state` releases the
+//! id's lock and waits, up to [`CoordinatorConfig::max_prepare_wait`], for the marker writer to
+//! complete the transaction (the slot's `settled` signal), then runs the request again; past the
+//! deadline it is answered CONCURRENT_TRANSACTIONS as before. The PID allocator has its own tokio lock, held across the PID-block write so no
 //! PID is handed out before its block is durable (lock order: id, then allocator).
 //!
 //! Markers (PROTOCOL.md section 7): per decided transaction a task sends WriteTxnMarkers to each
-//! leader (partitions grouped per leader, leaders in parallel) and WriteGroupOffsetMarker to each
+//! leader (partitions grouped per leader, leaders in parallel; the rounds of different
+//! transactions queued for the same leader meanwhile go out together in one
+//! WriteTxnMarkersBatch, see `leader_queue`) and WriteGroupOffsetMarker to each
 //! group's coordinator (this node short-circuits locally), retrying with exponential backoff
 //! (`marker_retry_backoff` doubling up to 32x) until every partition answers NONE; then it
 //! persists Complete*. Permanent marker errors, the same for a partition's leader and a group's
@@ -62,8 +73,17 @@
 //! instance's lock file), serve at once (answering COORDINATOR_LOAD_IN_PROGRESS), bump and
 //! persist the generation, load the owned ids, re-send the markers of every Prepare*, then start
 //! the timeout scan (every `timeout_scan_interval`). Stop: stop accepting, let tonic drain the
-//! connections, stop and join every background task, flush, and close sled
+//! connections, stop and join every background task, close the group commit queue
+//! and join its writer (after the marker tasks, which may still queue a completion), flush, and close sled
 //! ([`cluster::node::close_sled`]: its lock file is released when [`serve`] returns).
+//!
+//! Operations: beside `Cluster` and `TransactionCoordinator` the server carries the standard
+//! gRPC health service ([`cluster::health`]: NOT_SERVING until the state is loaded and from the
+//! moment the coordinator starts stopping) and server reflection. Every handler counts its answer
+//! in [`CoordinatorConfig::metrics`] (by API and error code, fenced ones by id and PID); `state`
+//! counts each durable transition (state gauge, epoch bumps by cause, transaction and marker
+//! durations, flush latency) and records epoch changes in the id's bounded history, naming the
+//! requester (its address, from the `REQUESTER` task-local the handlers set).
 //!
 //! CAVEATS: DescribeTransactions answers INVALID_PRODUCER_ID_MAPPING for an unknown id (Kafka's
 //! TRANSACTIONAL_ID_NOT_FOUND is not in the proto); ids and group locks are never expired from
@@ -72,8 +92,10 @@
 //! is lost restarts at generation 1 and is then fenced by every group (and leader) that saw it
 //! at a higher generation.
 
+mod commit;
 mod groups;
 mod grpc;
+mod leader_queue;
 mod local;
 mod markers;
 mod membership;
@@ -86,6 +108,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cluster::auth::{ClusterSecret, Credentials};
+use cluster::health::{self, NodeHealth, COORDINATOR_SERVICE};
+use cluster::metrics::Metrics;
 use cluster::node::{self, lock};
 use cluster::{ClusterService, NodeId, Topology};
 use proto::transaction_coordinator_server::TransactionCoordinatorServer;
@@ -101,6 +125,9 @@ use crate::Error;
 pub use crate::error::error_code;
 pub(crate) use local::LocalService;
 pub use wire::MAX_LIST_LEN;
+
+/// Default of [`CoordinatorConfig::max_prepare_wait`].
+pub const DEFAULT_MAX_PREPARE_WAIT: Duration = Duration::from_secs(5);
 
 /// How to run a coordinator.
 #[derive(Clone, Debug)]
@@ -122,10 +149,16 @@ pub struct CoordinatorConfig {
     pub cluster_secret: Option<ClusterSecret>,
     /// How often the peers' topology fingerprints are checked (default 1s).
     pub peer_check_interval: Duration,
+    /// How long a request that finds its id's markers still being written (PrepareCommit /
+    /// PrepareAbort) waits for them to complete before it is answered CONCURRENT_TRANSACTIONS
+    /// (default 5s, half the client's request timeout; zero answers at once).
+    pub max_prepare_wait: Duration,
+    /// Where this node counts what it does (serve them with [`cluster::metrics::serve_http`]).
+    pub metrics: Metrics,
 }
 
 impl CoordinatorConfig {
-    /// A config with the defaults.
+    /// A config with the defaults (and a fresh [`Metrics`] registry).
     pub fn new(
         node_id: NodeId,
         data_dir: impl Into<std::path::PathBuf>,
@@ -140,6 +173,8 @@ impl CoordinatorConfig {
             max_transaction_timeout_ms: cluster::MAX_TRANSACTION_TIMEOUT_MS,
             cluster_secret: None,
             peer_check_interval: Duration::from_secs(1),
+            max_prepare_wait: DEFAULT_MAX_PREPARE_WAIT,
+            metrics: Metrics::new(),
         }
     }
 
@@ -218,6 +253,7 @@ async fn serve_inner(
         node_id: config.node_id,
         fingerprint: fingerprint.clone(),
     });
+    let (commit, writer) = commit::GroupCommit::start(storage.clone())?;
     let shared = Arc::new(Shared {
         credentials,
         fingerprint,
@@ -227,12 +263,14 @@ async fn serve_inner(
         topology: topology.clone(),
         config,
         storage,
+        commit,
         generation: AtomicI64::new(-1),
         loaded: AtomicBool::new(false),
         txns: Mutex::new(HashMap::new()),
         groups: Mutex::new(HashMap::new()),
         pids: tokio::sync::Mutex::new(None),
         channels: Mutex::new(HashMap::new()),
+        leader_queues: Mutex::new(HashMap::new()),
         stop,
         tasks: Mutex::new(JoinSet::new()),
     });
@@ -244,7 +282,19 @@ async fn serve_inner(
         let _ = stop_tx.send(true);
     });
     let mut server_stop = shared.stop.subscribe();
+    // NOT_SERVING until loaded, and again from the moment the coordinator starts stopping.
+    let (health, health_service) = NodeHealth::new(COORDINATOR_SERVICE).await;
+    let reflection = health::reflection(COORDINATOR_SERVICE)
+        .map_err(|e| Error::Config(format!("reflection: {e}")))?;
+    let mut stopping = shared.stop.subscribe();
+    let unhealthy = health.clone();
+    tokio::spawn(async move {
+        let _ = stopping.wait_for(|stopped| *stopped).await;
+        unhealthy.set_serving(false).await;
+    });
     let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
         .add_service(ClusterService::new(topology).into_server())
         .add_service(TransactionCoordinatorServer::new(
             grpc::CoordinatorService::new(shared.clone()),
@@ -269,6 +319,8 @@ async fn serve_inner(
             }
         });
     }
+    // The first check before loading: once loaded, the coordinator knows whether it may serve.
+    shared.refresh_peers().await;
     let peers = shared.clone();
     shared.spawn(async move { peers.check_peers().await });
 
@@ -277,6 +329,9 @@ async fn serve_inner(
         error!(node_id = shared.node_id, error = %e, "loading transaction state failed; stopping");
         let _ = shared.stop.send(true);
     } else {
+        if !shared.stopping() {
+            health.set_serving(true).await;
+        }
         let scan = shared.clone();
         shared.spawn(async move { scan.timeout_scan().await });
     }
@@ -287,6 +342,11 @@ async fn serve_inner(
     };
     let _ = shared.stop.send(true);
     shared.join_tasks().await;
+    // Last: the marker writers joined above may have queued their completions.
+    shared.commit.close();
+    if let Err(e) = commit::GroupCommit::join(writer).await {
+        error!(node_id = shared.node_id, error = %e, "group commit writer failed");
+    }
     let flushed = shared.blocking(|s| s.flush()).await;
     info!(node_id = shared.node_id, "coordinator stopped");
     loaded?;
@@ -295,8 +355,25 @@ async fn serve_inner(
     Ok(())
 }
 
-/// The metadata slot of one transactional id, behind its own lock.
-type Slot = Arc<tokio::sync::Mutex<Option<TxnMetadata>>>;
+/// One transactional id's metadata behind its own lock, and the signal its waiters need.
+#[derive(Debug, Default)]
+struct IdSlot {
+    meta: tokio::sync::Mutex<Option<TxnMetadata>>,
+    /// Notified when the id leaves PrepareCommit/PrepareAbort (its markers completed).
+    settled: tokio::sync::Notify,
+}
+
+impl IdSlot {
+    fn new(meta: Option<TxnMetadata>) -> Self {
+        Self {
+            meta: tokio::sync::Mutex::new(meta),
+            settled: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+/// The slot of one transactional id.
+type Slot = Arc<IdSlot>;
 
 /// State shared by the gRPC handlers and the background tasks.
 struct Shared {
@@ -311,6 +388,8 @@ struct Shared {
     topology: Arc<Topology>,
     config: CoordinatorConfig,
     storage: Arc<dyn Storage>,
+    /// The group commit writer in front of `storage` for `__transaction_state`.
+    commit: commit::GroupCommit,
     generation: AtomicI64,
     loaded: AtomicBool,
     /// Per-id metadata, each behind its own lock (see the module docs).
@@ -321,6 +400,8 @@ struct Shared {
     pids: tokio::sync::Mutex<Option<PidAllocator>>,
     /// One lazily connected channel per peer address.
     channels: Mutex<HashMap<String, Channel>>,
+    /// One marker queue per leader address (see `leader_queue`).
+    leader_queues: Mutex<HashMap<String, leader_queue::LeaderQueue>>,
     /// `true` once the coordinator is stopping.
     stop: watch::Sender<bool>,
     /// Marker writers and the timeout scan.
@@ -328,6 +409,14 @@ struct Shared {
 }
 
 impl Shared {
+    /// Counts one answered request in the node's metrics (by API and error code; a fenced one
+    /// by transactional id and PID too).
+    fn count(&self, request: &str, error_code: i32, txn_id: &str, pid: cluster::ProducerId) {
+        self.config
+            .metrics
+            .request(request, error_code, txn_id, pid);
+    }
+
     fn generation(&self) -> i64 {
         self.generation.load(Ordering::Acquire)
     }

@@ -10,15 +10,25 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use std::time::{Duration, Instant};
+
+use cluster::metrics::{EpochBumpCause, Metrics};
 use cluster::node::{lock, now_ms};
 use cluster::{ProducerId, TopicPartition};
 use tracing::{debug, info, warn};
 
 use super::wire::{self, Caller, InitProducerId};
-use super::{Shared, Slot};
+use super::{IdSlot, Shared, Slot};
 use crate::core::{self, Outcome, PidAllocator, ProducerIdAndEpoch, TxnError, TxnMetadata};
 use crate::core::{TxnResult, TxnState};
 use crate::Error;
+
+tokio::task_local! {
+    /// Who sent the request being handled (its address): set by the gRPC handlers that can
+    /// change an epoch, read when the change is recorded in the id's history. Unset in the
+    /// coordinator's own tasks (the timeout scan): "coordinator".
+    pub(super) static REQUESTER: String;
+}
 
 /// A core step's answer that may ask for a fresh PID ([`TxnError::NeedProducerId`]).
 trait NeedsPid {
@@ -87,6 +97,7 @@ impl Shared {
         ));
         let mut resume = Vec::new();
         let mut owned = 0;
+        self.config.metrics.reset_transaction_states();
         {
             let mut map = lock(&self.txns);
             for meta in snapshot.txns {
@@ -94,12 +105,15 @@ impl Shared {
                     continue;
                 }
                 owned += 1;
+                self.config
+                    .metrics
+                    .transaction_state(None, meta.state.name());
                 if let Some(job) = meta.pending_markers() {
                     resume.push(job);
                 }
                 map.insert(
                     meta.transactional_id.clone(),
-                    Arc::new(tokio::sync::Mutex::new(Some(meta))),
+                    Arc::new(IdSlot::new(Some(meta))),
                 );
             }
         }
@@ -147,30 +161,30 @@ impl Shared {
         Ok(step(Some(pid)))
     }
 
-    /// Runs one core transition for the locked id: allocate a PID if asked, persist, log,
-    /// spawn markers, and return the reply.
-    async fn transition(
-        self: &Arc<Self>,
-        stored: &mut Option<TxnMetadata>,
-        step: impl Fn(Option<&TxnMetadata>, Option<ProducerId>) -> Outcome,
-    ) -> Result<ProducerIdAndEpoch, Error> {
-        let outcome = self
-            .with_fresh_pid(|pid| step(stored.as_ref(), pid))
-            .await?;
-        self.apply(stored, outcome).await
-    }
-
-    /// Makes an outcome durable (before anyone is answered), then hands its markers to the
+    /// Makes an outcome durable (before anyone is answered; through the group commit, so
+    /// concurrent transitions of other ids share the flush), then hands its markers to the
     /// marker writer.
     pub(super) async fn apply(
         self: &Arc<Self>,
         stored: &mut Option<TxnMetadata>,
         outcome: Outcome,
     ) -> Result<ProducerIdAndEpoch, Error> {
-        if let Some(next) = outcome.persist {
-            let value = next.clone();
-            self.blocking(move |s| s.put_txn(&value)).await?;
-            log_transition(stored.as_ref(), &next);
+        if let Some(mut next) = outcome.persist {
+            // The epoch history is stored with the change it records (bounded).
+            let cause = bump_cause(stored.as_ref(), &next);
+            let now = now_ms();
+            if let Some(cause) = cause {
+                let requester = REQUESTER
+                    .try_with(|r| r.clone())
+                    .unwrap_or_else(|_| "coordinator".to_string());
+                next.record_epoch_change(cause.name(), &requester, now);
+            }
+            let started = Instant::now();
+            self.commit.put_txn(next.clone()).await?;
+            let metrics = &self.config.metrics;
+            metrics.flushed("coordinator", started.elapsed());
+            log_transition(stored.as_ref(), &next, cause);
+            observe_transition(metrics, stored.as_ref(), &next, cause, now);
             *stored = Some(next);
         }
         if let Some(job) = outcome.markers {
@@ -179,7 +193,17 @@ impl Shared {
         outcome.reply.map_err(Error::Protocol)
     }
 
-    /// Takes the lock of `caller.id` (after the routing check) and runs `step` on it.
+    /// Takes the lock of `caller.id` (after the routing check) and runs one core transition
+    /// on it: allocate a PID if asked, persist, log, spawn markers, and return the reply.
+    ///
+    /// No spinning after EndTxn: when the answer is CONCURRENT_TRANSACTIONS and the id is in
+    /// Prepare* (its markers are outstanding), the request releases the lock and waits, up to
+    /// `max_prepare_wait` from its arrival, for the marker writer to complete the transaction
+    /// ([`IdSlot::settled`]). Then a request that changed nothing runs again and gets the
+    /// answer of the settled state; one whose CONCURRENT_TRANSACTIONS came with a persisted
+    /// change (InitProducerId fencing an open transaction, section 4 step 6) keeps that
+    /// answer, now sent once the abort completed, so the caller's retry finds it complete.
+    /// At the deadline (or at shutdown) the answer is CONCURRENT_TRANSACTIONS as before.
     async fn on_id(
         self: &Arc<Self>,
         id: &str,
@@ -188,8 +212,37 @@ impl Shared {
     ) -> Result<ProducerIdAndEpoch, Error> {
         self.check_owner(id)?;
         let slot = self.slot(id, create);
-        let mut stored = slot.lock().await;
-        self.transition(&mut stored, step).await
+        let deadline = tokio::time::Instant::now() + self.config.max_prepare_wait;
+        loop {
+            let mut stored = slot.meta.lock().await;
+            let outcome = self
+                .with_fresh_pid(|pid| step(stored.as_ref(), pid))
+                .await?;
+            let changed = outcome.persist.is_some();
+            let reply = self.apply(&mut stored, outcome).await;
+            let markers_outstanding = matches!(
+                reply,
+                Err(Error::Protocol(TxnError::ConcurrentTransactions(_)))
+            ) && stored.as_ref().is_some_and(|m| m.state.is_prepare());
+            if !markers_outstanding || tokio::time::Instant::now() >= deadline {
+                return reply;
+            }
+            // Registered before the lock is released, so a completion in between is not missed.
+            let settled = slot.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            drop(stored);
+            let mut stop = self.stop.subscribe();
+            let woken = tokio::select! {
+                _ = settled => true,
+                _ = tokio::time::sleep_until(deadline) => false,
+                _ = stop.wait_for(|s| *s) => false,
+            };
+            if !woken || changed {
+                debug!(txn_id = %id, woken, "answering CONCURRENT_TRANSACTIONS after waiting for markers");
+                return reply;
+            }
+        }
     }
 
     /// InitProducerId: a transactional producer's (PID, epoch), or a fresh PID at epoch 0 for
@@ -289,7 +342,7 @@ impl Shared {
     ) -> Result<(), Error> {
         self.check_owner(&caller.id)?;
         let slot = self.slot(&caller.id, false);
-        let stored = slot.lock().await;
+        let stored = slot.meta.lock().await;
         core::verify_transaction(&caller.id, stored.as_ref(), caller.producer, &partition)
             .map_err(Error::Protocol)
     }
@@ -305,7 +358,7 @@ impl Shared {
         slots.sort_by(|a, b| a.0.cmp(&b.0));
         let mut listings = Vec::new();
         for (id, slot) in slots {
-            let stored = slot.lock().await;
+            let stored = slot.meta.lock().await;
             let Some(m) = stored.as_ref() else { continue };
             let state = wire::state(m.state) as i32;
             if filters.is_empty() || filters.contains(&state) {
@@ -330,7 +383,7 @@ impl Shared {
             return wire::description_error(id, self.node_id, &e);
         }
         let slot = self.slot(id, false);
-        let stored = slot.lock().await;
+        let stored = slot.meta.lock().await;
         match stored.as_ref() {
             None => wire::description_unknown(id, self.node_id),
             Some(m) => wire::description(m, self.node_id, now),
@@ -346,7 +399,7 @@ impl Shared {
             let now = now_ms();
             for (id, slot) in self.all_slots() {
                 // A busy id is looked at again on the next scan.
-                let Ok(mut stored) = slot.try_lock() else {
+                let Ok(mut stored) = slot.meta.try_lock() else {
                     continue;
                 };
                 if let Err(e) = self.expire(&mut stored, now).await {
@@ -376,34 +429,91 @@ impl Shared {
     }
 }
 
-/// Logs a durable transition at the level an operator needs (PROTOCOL.md's state changes at
-/// info, per-request updates at debug).
-fn log_transition(old: Option<&TxnMetadata>, new: &TxnMetadata) {
+/// What moved the epoch (or the PID) from `old` to `new`, if anything did. Read from the two
+/// stored states alone: a fence is an abort of an Ongoing transaction with `last_epoch` -1 (the
+/// new instance's InitProducerId, PROTOCOL.md section 4 step 6) or a bump from a settled state
+/// with `last_epoch` -1 (step 7); KIP-360 recovery is a settled bump that kept `last_epoch`. An
+/// EndTxn(ABORT) and a KIP-360 recovery of an open transaction store the same thing and are
+/// both counted as `end_txn`.
+pub(super) fn bump_cause(old: Option<&TxnMetadata>, new: &TxnMetadata) -> Option<EpochBumpCause> {
+    let Some(old) = old else {
+        return Some(EpochBumpCause::NewProducerId);
+    };
+    let (before, after) = (old.client_identity(), new.client_identity());
+    if before == after {
+        return None;
+    }
+    if before.producer_id != after.producer_id {
+        return Some(EpochBumpCause::Rotation);
+    }
+    Some(match (old.state, new.state) {
+        (TxnState::Ongoing, TxnState::PrepareAbort) if new.timed_out => EpochBumpCause::Timeout,
+        (TxnState::Ongoing, TxnState::PrepareAbort) if new.last_epoch == -1 => {
+            EpochBumpCause::NewInstance
+        }
+        (_, TxnState::Empty) if new.last_epoch == -1 => EpochBumpCause::NewInstance,
+        (_, TxnState::Empty) => EpochBumpCause::Kip360,
+        _ => EpochBumpCause::EndTxn,
+    })
+}
+
+/// Counts a durable transition in the node's metrics: the state gauge, the epoch bump and its
+/// cause, and for a completed transaction how long it was open and how long its markers took.
+fn observe_transition(
+    metrics: &Metrics,
+    old: Option<&TxnMetadata>,
+    new: &TxnMetadata,
+    cause: Option<EpochBumpCause>,
+    now: i64,
+) {
+    metrics.transaction_state(old.map(|o| o.state.name()), new.state.name());
+    if let Some(cause) = cause {
+        metrics.epoch_bump(cause);
+    }
+    let Some(old) = old else { return };
+    let result = match (old.state, new.state) {
+        (TxnState::PrepareCommit, TxnState::CompleteCommit) => "commit",
+        (TxnState::PrepareAbort, TxnState::CompleteAbort) => "abort",
+        _ => return,
+    };
+    let ms = |from: i64| Duration::from_millis(u64::try_from(now - from).unwrap_or(0));
+    let open_for = if old.txn_start_ms >= 0 {
+        ms(old.txn_start_ms)
+    } else {
+        Duration::ZERO
+    };
+    metrics.transaction_completed(result, open_for, ms(old.last_update_ms));
+}
+
+/// Logs a durable transition at the level an operator needs: a new producer id, a fence, a
+/// timeout, a KIP-360 recovery and a PID rotation at info with their cause; what every
+/// transaction does (begin, prepare, complete) at debug.
+fn log_transition(old: Option<&TxnMetadata>, new: &TxnMetadata, cause: Option<EpochBumpCause>) {
     let txn_id = &new.transactional_id;
     let id = new.client_identity();
     let (pid, epoch, state) = (id.producer_id, id.epoch, new.state.name());
     let Some(old) = old else {
-        info!(%txn_id, pid, epoch, state, "new transactional id: producer id allocated");
+        info!(%txn_id, pid, epoch, state, cause = "new_producer_id", "new transactional id: producer id allocated");
         return;
     };
-    if old.state == new.state && old.client_identity() == id {
-        debug!(%txn_id, pid, epoch, state, "transaction updated");
-        return;
-    }
     let from = old.state.name();
-    match new.state {
-        TxnState::PrepareAbort if new.timed_out => {
-            info!(%txn_id, pid, epoch, state, from, "transaction timed out: fenced, aborting")
+    match cause {
+        Some(EpochBumpCause::NewInstance) if new.state == TxnState::PrepareAbort => {
+            info!(%txn_id, pid, epoch, state, from, cause = "new_instance", fenced_epoch = old.producer_epoch,
+                  "fencing an older instance: aborting its transaction")
         }
-        TxnState::PrepareAbort if old.state == TxnState::Ongoing && new.last_epoch == -1 => {
-            info!(%txn_id, pid, epoch, state, from, "fencing an older instance: aborting its transaction")
+        Some(EpochBumpCause::NewInstance) => {
+            info!(%txn_id, pid, epoch, state, from, cause = "new_instance", fenced_epoch = old.producer_epoch,
+                  "new instance: producer epoch bumped, older instances fenced")
         }
-        TxnState::CompleteCommit => info!(%txn_id, pid, epoch, state, "transaction committed"),
-        TxnState::CompleteAbort => info!(%txn_id, pid, epoch, state, "transaction aborted"),
-        TxnState::Ongoing => debug!(%txn_id, pid, epoch, state, from, "transaction started"),
-        _ if old.client_identity() != id => {
-            info!(%txn_id, pid, epoch, state, from, "producer epoch bumped")
+        Some(EpochBumpCause::Timeout) => {
+            info!(%txn_id, pid, epoch, state, from, cause = "timeout", "transaction timed out: fenced, aborting")
         }
-        _ => info!(%txn_id, pid, epoch, state, from, "transaction state change"),
+        Some(cause @ (EpochBumpCause::Kip360 | EpochBumpCause::Rotation)) => {
+            info!(%txn_id, pid, epoch, state, from, %cause, previous_pid = old.producer_id,
+                  previous_epoch = old.producer_epoch, "producer epoch bumped")
+        }
+        Some(cause) => debug!(%txn_id, pid, epoch, state, from, %cause, "producer epoch bumped"),
+        None => debug!(%txn_id, pid, epoch, state, from, "transaction state change"),
     }
 }

@@ -319,6 +319,17 @@ pub(super) fn description(
             0
         },
         coordinator_id,
+        history: m
+            .history
+            .iter()
+            .map(|c| proto::EpochChange {
+                producer_id: c.producer_id,
+                producer_epoch: i32::from(c.epoch),
+                cause: c.cause.clone(),
+                at_ms: c.at_ms,
+                instance: c.instance.clone(),
+            })
+            .collect(),
     }
 }
 

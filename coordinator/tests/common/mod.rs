@@ -73,7 +73,7 @@ impl Cluster {
             leader_addrs.push(listener.local_addr().unwrap());
             let server = tonic::transport::Server::builder()
                 .add_service(PartitionLeaderServer::new(leader.clone()))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+                .serve_with_incoming(cluster::node::incoming(listener));
             tokio::spawn(server);
             leaders.push(leader);
         }
@@ -123,6 +123,9 @@ impl Cluster {
         config.cluster_secret = Some(testkit::auth::secret());
         config.timeout_scan_interval = Duration::from_millis(20);
         config.marker_retry_backoff = Duration::from_millis(10);
+        // Tests that expect CONCURRENT_TRANSACTIONS (markers held back on purpose) get it after
+        // a short wait rather than the default's seconds.
+        config.max_prepare_wait = Duration::from_millis(200);
         (self.tune)(&mut config);
         let (tx, rx) = oneshot::channel::<()>();
         c.stop = Some(tx);

@@ -1,25 +1,29 @@
 //! `healthcheck [ADDR]`: the Docker healthcheck of the mini-broker image.
 //!
 //! The image is `FROM scratch` (no shell, no curl), so the check has to be a binary of its own.
-//! It asks the node at `ADDR` (default `127.0.0.1:9092`, or `HEALTHCHECK_ADDR`) for
-//! `Cluster.Metadata`, which every node serves next to its own service, and exits 0 when the node
-//! answers within the deadline (`HEALTHCHECK_TIMEOUT_MS`, default 2000), 1 otherwise with one line
-//! on stderr. A coordinator that is still loading `__transaction_state` already answers Metadata:
-//! it is healthy, and clients retry its COORDINATOR_LOAD_IN_PROGRESS.
+//! It asks the node at `ADDR` (default `127.0.0.1:9092`, or `HEALTHCHECK_ADDR`) the standard
+//! gRPC health service (`grpc.health.v1.Health/Check`, service `""`: the node as a whole, or
+//! `HEALTHCHECK_SERVICE`), and exits 0 when the node answers SERVING within the deadline
+//! (`HEALTHCHECK_TIMEOUT_MS`, default 2000), 1 otherwise with one line on stderr. A coordinator
+//! is NOT_SERVING until its `__transaction_state` is loaded, a partition leader while one of its
+//! partitions is offline, and both once they start stopping: compose's `service_healthy` then
+//! means "ready for clients", not only "the port is open".
 //!
-//! CAVEATS: it only proves that the gRPC server is up; it does not check sled or the other nodes.
+//! CAVEATS: it checks one node; it does not check that node's peers.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use proto::cluster_client::ClusterClient;
-use proto::MetadataRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 fn main() -> ExitCode {
     let addr = std::env::args()
         .nth(1)
         .or_else(|| std::env::var("HEALTHCHECK_ADDR").ok())
         .unwrap_or_else(|| "127.0.0.1:9092".to_string());
+    let service = std::env::var("HEALTHCHECK_SERVICE").unwrap_or_default();
     let timeout = Duration::from_millis(
         std::env::var("HEALTHCHECK_TIMEOUT_MS")
             .ok()
@@ -37,10 +41,17 @@ fn main() -> ExitCode {
         }
     };
     // The timer must be created inside the runtime.
-    match runtime.block_on(async { tokio::time::timeout(timeout, check(&addr)).await }) {
-        Ok(Ok(summary)) => {
-            println!("healthy: {addr} {summary}");
+    match runtime.block_on(async { tokio::time::timeout(timeout, check(&addr, &service)).await }) {
+        Ok(Ok(ServingStatus::Serving)) => {
+            println!("healthy: {addr} is SERVING");
             ExitCode::SUCCESS
+        }
+        Ok(Ok(status)) => {
+            eprintln!(
+                "unhealthy: {addr} is {} (loading its state, a partition offline, or stopping)",
+                status.as_str_name()
+            );
+            ExitCode::FAILURE
         }
         Ok(Err(e)) => {
             eprintln!("unhealthy: {addr}: {e}");
@@ -56,17 +67,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// One Metadata round trip; a short description of the answer.
-async fn check(addr: &str) -> Result<String, Box<dyn std::error::Error>> {
-    let mut client = ClusterClient::connect(format!("http://{addr}")).await?;
-    let metadata = client
-        .metadata(MetadataRequest { topics: vec![] })
-        .await?
-        .into_inner();
-    Ok(format!(
-        "answers Metadata ({} coordinators, {} leaders, {} topics)",
-        metadata.coordinators.len(),
-        metadata.leaders.len(),
-        metadata.topics.len()
-    ))
+/// One health Check round trip: the status the node reports for `service`.
+async fn check(addr: &str, service: &str) -> Result<ServingStatus, Box<dyn std::error::Error>> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    let response = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.to_string(),
+        })
+        .await?;
+    Ok(response.into_inner().status())
 }

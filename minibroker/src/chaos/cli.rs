@@ -118,7 +118,7 @@ pub async fn chaos(args: ChaosArgs, json: bool) -> anyhow::Result<ExitCode> {
     }
     let failed = reports.iter().any(|r| !r.verdict.passed());
     if json {
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string(&serde_json::json!({
                 "passed": !failed,

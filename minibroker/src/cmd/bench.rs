@@ -73,7 +73,7 @@ pub async fn run(target: Target, args: BenchArgs, json: bool) -> anyhow::Result<
         let _ = cluster.shutdown().await;
     }
     if json {
-        println!("{}", serde_json::to_string(&report)?);
+        minibroker::outln!("{}", serde_json::to_string(&report)?);
     } else {
         report.print();
     }

@@ -45,9 +45,20 @@ pub struct ConsumeArgs {
     max: Option<usize>,
 }
 
+/// How many `--timeout`s a partition's leader may stay silent before `consume` says so (and,
+/// without `--follow`, gives up).
+const STALL_TIMEOUTS: u32 = 5;
+
 /// Positions the consumer, then prints records until caught up (or `--max`, or ctrl-c with
-/// `--follow`).
-pub async fn run(config: ClientConfig, args: ConsumeArgs, json: bool) -> anyhow::Result<ExitCode> {
+/// `--follow`). A partition whose leader never answers is named on stderr after
+/// [`STALL_TIMEOUTS`] × `timeout`; without `--follow` the command then fails instead of waiting
+/// for ever.
+pub async fn run(
+    config: ClientConfig,
+    args: ConsumeArgs,
+    json: bool,
+    timeout: Duration,
+) -> anyhow::Result<ExitCode> {
     let isolation = match args.isolation {
         IsolationArg::ReadCommitted => Isolation::ReadCommitted,
         IsolationArg::ReadUncommitted => Isolation::ReadUncommitted,
@@ -59,12 +70,32 @@ pub async fn run(config: ClientConfig, args: ConsumeArgs, json: bool) -> anyhow:
     let mut count = 0usize;
     let stop = ctrl_c();
     tokio::pin!(stop);
+    let stall = timeout * STALL_TIMEOUTS;
+    let mut last_progress = std::time::Instant::now();
+    let mut warned = false;
     loop {
         let records = tokio::select! {
             _ = &mut stop => break,
             r = consumer.poll(Duration::from_millis(500)) => r?,
         };
         let empty = records.is_empty();
+        if !empty {
+            last_progress = std::time::Instant::now();
+        } else if !warned && !consumer.caught_up() && last_progress.elapsed() >= stall {
+            let silent = silent_partitions(&admin, &consumer).await;
+            if !silent.is_empty() {
+                let sentence = format!(
+                    "no answer from {} for {:.0} s ({count} records read from the other partitions)",
+                    silent.join(", "),
+                    stall.as_secs_f64()
+                );
+                if !args.follow {
+                    anyhow::bail!("{sentence}; is that leader running?");
+                }
+                eprintln!("warning: {sentence}; still waiting");
+                warned = true;
+            }
+        }
         for r in records {
             // A closed stdout (`| head`) ends the command quietly.
             if writeln!(std::io::stdout().lock(), "{}", record_line(&r, json)).is_err() {
@@ -86,6 +117,24 @@ pub async fn run(config: ClientConfig, args: ConsumeArgs, json: bool) -> anyhow:
         eprintln!("{count} records");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The assigned partitions whose leader never answered a fetch, with the leader's address.
+async fn silent_partitions(admin: &Admin, consumer: &Consumer) -> Vec<String> {
+    let metadata = admin.metadata().await.ok();
+    consumer
+        .assignment()
+        .into_iter()
+        .filter(|tp| consumer.watermarks(tp).is_none())
+        .map(|tp| {
+            let leader = metadata
+                .as_ref()
+                .and_then(|m| m.leader(&tp.topic, tp.partition))
+                .map(|n| format!(" (leader {} at {})", n.node_id, n.address))
+                .unwrap_or_default();
+            format!("{tp}{leader}")
+        })
+        .collect()
 }
 
 /// The group's committed offsets, offset 0 (`--from-beginning`), or the current end (the LSO

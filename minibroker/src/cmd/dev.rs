@@ -1,6 +1,7 @@
-//! `minibroker dev`: an embedded cluster in the foreground until ctrl-c, with its topology file
-//! and addresses (gRPC and the Kafka bootstrap) printed (text or JSON) so other commands and
-//! Kafka clients can use it.
+//! `minibroker dev`: an embedded cluster in the foreground until ctrl-c or SIGTERM, with its
+//! topology file and addresses (gRPC and the Kafka bootstrap) printed (text or JSON) so other
+//! commands and Kafka clients can use it. On either signal it stops every node cleanly and
+//! removes its temporary directory (not a `--data-dir`).
 
 use std::process::ExitCode;
 
@@ -9,7 +10,7 @@ use clap::Args;
 use minibroker::{EmbeddedCluster, EmbeddedOptions};
 use serde_json::json;
 
-use super::ctrl_c;
+use super::stop_signal;
 
 /// Arguments of `dev`.
 #[derive(Args, Debug)]
@@ -26,6 +27,9 @@ pub struct DevArgs {
     /// Write the Kafka bootstrap list (`host:port,...`, every node's Kafka listener) here.
     #[arg(long)]
     kafka_bootstrap_file: Option<std::path::PathBuf>,
+    /// Serve each node's Prometheus metrics on a loopback port (printed).
+    #[arg(long)]
+    metrics: bool,
 }
 
 /// Starts the cluster, prints where it is, runs until ctrl-c, shuts it down.
@@ -35,13 +39,21 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         base_port,
         write_topology,
         kafka_bootstrap_file,
+        metrics,
     } = args;
+    let temporary = data_dir.is_none();
     let cluster = EmbeddedCluster::start_with(EmbeddedOptions {
         data_dir,
         base_port,
+        metrics_endpoints: metrics,
         ..EmbeddedOptions::default()
     })
     .await?;
+    let metrics_of = |id| {
+        cluster
+            .metrics_address(id)
+            .map(|a| format!("http://{a}/metrics"))
+    };
     let path = match write_topology {
         Some(path) => {
             std::fs::copy(cluster.topology_path(), &path)
@@ -61,19 +73,26 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         })?;
     }
     if json {
-        println!(
+        minibroker::outln!(
             "{}",
             json!({"topology": path, "data_dir": cluster.dir(), "kafka_bootstrap": kafka_bootstrap,
-                "coordinators": topology.coordinators.iter().map(|n| json!({"id": n.id, "address": n.address})).collect::<Vec<_>>(),
-                "leaders": topology.leaders.iter().map(|n| json!({"id": n.id, "address": n.address})).collect::<Vec<_>>()})
+                "coordinators": topology.coordinators.iter().map(|n| json!({"id": n.id, "address": n.address, "metrics": metrics_of(n.id)})).collect::<Vec<_>>(),
+                "leaders": topology.leaders.iter().map(|n| json!({"id": n.id, "address": n.address, "metrics": metrics_of(n.id)})).collect::<Vec<_>>()})
         );
     } else {
-        println!("mini-broker dev cluster is running (ctrl-c to stop)");
-        println!("  topology: {}", path.display());
-        println!("  data:     {}", cluster.dir().display());
-        println!("  kafka:    {kafka_bootstrap}");
+        minibroker::outln!("mini-broker dev cluster is running (ctrl-c to stop)");
+        minibroker::outln!("  topology: {}", path.display());
+        minibroker::outln!("  data:     {}", cluster.dir().display());
+        minibroker::outln!("  kafka:    {kafka_bootstrap}");
         for n in &topology.coordinators {
-            println!("  coordinator {:>3}  {}", n.id, n.address);
+            minibroker::outln!("  coordinator {:>3}  {}", n.id, n.address);
+        }
+        if metrics {
+            for n in topology.coordinators.iter().chain(&topology.leaders) {
+                if let Some(url) = metrics_of(n.id) {
+                    minibroker::outln!("  metrics     {:>3}  {url}", n.id);
+                }
+            }
         }
         for n in &topology.leaders {
             let parts: Vec<String> = topology
@@ -81,23 +100,34 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|(t, p)| format!("{t}-{p}"))
                 .collect();
-            println!(
+            minibroker::outln!(
                 "  leader      {:>3}  {}  ({})",
                 n.id,
                 n.address,
                 parts.join(", ")
             );
         }
-        println!("\ntry:\n  export TOPOLOGY={}", path.display());
-        println!("  minibroker produce --transactional-id app-1 --records 100 --per-txn 10 --abort-every 3");
-        println!("  minibroker consume --from-beginning");
-        println!("  minibroker transactions list");
-        println!("  kcat -b {kafka_bootstrap} -L");
+        minibroker::outln!("\ntry:\n  export TOPOLOGY={}", path.display());
+        minibroker::outln!("  minibroker produce --transactional-id app-1 --records 100 --per-txn 10 --abort-every 3");
+        minibroker::outln!("  minibroker consume --from-beginning");
+        minibroker::outln!("  minibroker transactions list");
+        minibroker::outln!("  kcat -b {kafka_bootstrap} -L");
     }
-    ctrl_c().await;
-    if !json {
-        println!("stopping");
-    }
+    let signal = stop_signal().await;
+    let dir = cluster.dir().to_path_buf();
     cluster.shutdown().await?;
+    if temporary {
+        eprintln!(
+            "{}: dev cluster stopped, {} removed",
+            signal.name(),
+            dir.display()
+        );
+    } else {
+        eprintln!(
+            "{}: dev cluster stopped, data kept in {}",
+            signal.name(),
+            dir.display()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

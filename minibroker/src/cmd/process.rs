@@ -54,11 +54,13 @@ pub async fn run(config: ClientConfig, args: ProcessArgs, json: bool) -> anyhow:
     })
     .await?;
     if json {
-        println!("{}", serde_json::to_string(&stats)?);
+        minibroker::outln!("{}", serde_json::to_string(&stats)?);
     } else {
-        println!(
+        minibroker::outln!(
             "processed {} records in {} committed transactions ({} aborted)",
-            stats.records, stats.transactions, stats.aborted
+            stats.records,
+            stats.transactions,
+            stats.aborted
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -1,16 +1,26 @@
-//! `minibroker produce`: writes `--records` values with the idempotent producer, or with the
-//! transactional one in transactions of `--per-txn` records (aborting every `--abort-every`-th).
+//! `minibroker produce`: writes `--records` generated values, or the lines of stdin (`--stdin`,
+//! `KEY<sep>VALUE` with `--key-separator`, as kcat's `-K` and the console producer's
+//! `parse.key`), with the idempotent producer, or with the transactional one in transactions of
+//! `--per-txn` records (aborting every `--abort-every`-th).
+//!
 //! A transactional producer that fails aborts its transaction, as an application would; for a
 //! zombie that abort is what reveals the fence (PRODUCER_FENCED), and the command says so and
-//! exits with a failure.
+//! exits with a failure. Ctrl-C or SIGTERM aborts the open transaction (so read_committed readers
+//! are not held back until its timeout), prints the summary and exits 130 / 143.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use producer_client::{Admin, ClientConfig, IdempotentProducer, TransactionalProducer};
+use producer_client::{Admin, ClientConfig, IdempotentProducer, Target, TransactionalProducer};
 use serde_json::json;
+use tokio::io::AsyncBufReadExt;
+
+use super::{stop_signal, Stop};
+
+/// How long an interrupted producer waits for its abort to be acknowledged.
+const ABORT_ON_STOP: Duration = Duration::from_secs(10);
 
 /// Arguments of `produce`.
 #[derive(Args, Debug)]
@@ -24,9 +34,16 @@ pub struct ProduceArgs {
     /// Use the idempotent (non-transactional) producer.
     #[arg(long)]
     idempotent: bool,
-    /// Number of records.
-    #[arg(long, default_value_t = 10)]
-    records: u64,
+    /// Number of records (generated ones; with --stdin: at most this many, default all).
+    #[arg(long)]
+    records: Option<u64>,
+    /// Read the records from stdin, one per line (instead of generating them).
+    #[arg(long)]
+    stdin: bool,
+    /// With --stdin: split each line at the first SEP into key and value (a line without SEP
+    /// is a value without a key). Keyed records go to the partition their key hashes to.
+    #[arg(long, value_name = "SEP", requires = "stdin")]
+    key_separator: Option<String>,
     /// Records per transaction.
     #[arg(long, default_value_t = 10)]
     per_txn: u64,
@@ -51,14 +68,52 @@ pub struct ProduceArgs {
     throughput: Option<f64>,
 }
 
-/// What to write: record `n`'s value and partition.
+/// Default `--records` when they are generated.
+const DEFAULT_RECORDS: u64 = 10;
+
+/// What to write: generated values, or stdin's lines.
 struct Workload<'a> {
     args: &'a ProduceArgs,
     partitions: i32,
     started: Instant,
+    stdin: Option<tokio::io::Lines<tokio::io::BufReader<tokio::io::Stdin>>>,
 }
 
 impl Workload<'_> {
+    /// How many records at most.
+    fn limit(&self) -> u64 {
+        match (self.args.records, self.stdin.is_some()) {
+            (Some(n), _) => n,
+            (None, true) => u64::MAX,
+            (None, false) => DEFAULT_RECORDS,
+        }
+    }
+
+    /// Record `n`: where it goes and its value; `None` when there are no more.
+    async fn next(&mut self, n: u64) -> anyhow::Result<Option<(Target, Vec<u8>)>> {
+        if n >= self.limit() {
+            return Ok(None);
+        }
+        let Some(lines) = &mut self.stdin else {
+            return Ok(Some((self.partition_of(n).into(), self.value(n))));
+        };
+        let Some(line) = lines.next_line().await.context("reading stdin")? else {
+            return Ok(None);
+        };
+        let keyed = self
+            .args
+            .key_separator
+            .as_deref()
+            .and_then(|sep| line.split_once(sep));
+        Ok(Some(match (keyed, self.args.partition) {
+            (Some((key, value)), None) => (Target::Key(key.into()), value.into()),
+            (Some((key, value)), Some(p)) => {
+                (Target::PartitionWithKey(p, key.into()), value.into())
+            }
+            (None, _) => (self.partition_of(n).into(), line.into_bytes()),
+        }))
+    }
+
     fn value(&self, n: u64) -> Vec<u8> {
         let mut v = format!("{}-{n}", self.args.value_prefix).into_bytes();
         if v.len() < self.args.size {
@@ -135,45 +190,79 @@ pub async fn run(config: ClientConfig, args: ProduceArgs, json: bool) -> anyhow:
         .metadata()
         .await?
         .partition_count(&args.topic)
-        .with_context(|| format!("topic {} does not exist", args.topic))?;
-    let work = Workload {
+        .ok_or_else(|| producer_client::Error::Server {
+            code: proto::ErrorCode::UnknownTopicOrPartition,
+            message: format!("topic {} does not exist", args.topic),
+        })?;
+    let mut work = Workload {
         args: &args,
         partitions,
         started: Instant::now(),
+        stdin: args
+            .stdin
+            .then(|| tokio::io::BufReader::new(tokio::io::stdin()).lines()),
     };
-    let mut tally = Tally::new(args.records, json);
-    let (pid, epoch) = match &args.transactional_id {
-        None => idempotent(config, &work, &mut tally).await?,
+    let mut tally = Tally::new(work.limit(), json || args.stdin);
+    let outcome = match &args.transactional_id {
+        None => idempotent(config, &mut work, &mut tally).await?,
         Some(id) => {
             let config = config.with_transactional_id(id);
-            match transactional(config, id, &work, &mut tally, json).await? {
-                Some(pair) => pair,
-                None => return Ok(ExitCode::FAILURE),
-            }
+            transactional(config, id, &mut work, &mut tally, json).await?
         }
     };
-    print_summary(&args, &tally, pid, epoch, json);
-    Ok(ExitCode::SUCCESS)
+    match outcome {
+        Outcome::Done(pid, epoch) => {
+            print_summary(&args, &tally, pid, epoch, None, json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Outcome::Stopped(signal, pid, epoch) => {
+            print_summary(&args, &tally, pid, epoch, Some(signal), json);
+            Ok(signal.exit_code())
+        }
+        Outcome::Failed => Ok(ExitCode::FAILURE),
+    }
 }
 
-/// Every record with the idempotent producer; returns its (PID, epoch).
+/// How a run ended.
+enum Outcome {
+    /// Every record written; the producer's (PID, epoch).
+    Done(i64, i16),
+    /// A signal stopped it (the open transaction aborted).
+    Stopped(Stop, i64, i16),
+    /// A failure, already reported.
+    Failed,
+}
+
+/// Every record with the idempotent producer; a signal stops it after what was sent is
+/// delivered.
 async fn idempotent(
     config: ClientConfig,
-    work: &Workload<'_>,
+    work: &mut Workload<'_>,
     tally: &mut Tally,
-) -> anyhow::Result<(i64, i16)> {
+) -> anyhow::Result<Outcome> {
     let mut producer = IdempotentProducer::connect(config).await?;
+    let stop = stop_signal();
+    tokio::pin!(stop);
     // send() returns at once; the pipeline batches and keeps requests in flight. The
     // deliveries are checked in order, keeping at most `WINDOW` outstanding.
     const WINDOW: usize = 100_000;
     let mut pending = std::collections::VecDeque::new();
-    for n in 0..work.args.records {
-        work.pace(n).await;
-        pending.push_back(
-            producer
-                .send(&work.args.topic, work.partition_of(n), work.value(n))
-                .await?,
-        );
+    let mut stopped = None;
+    let mut n = 0;
+    loop {
+        let next = tokio::select! {
+            signal = &mut stop => {
+                stopped = Some(signal);
+                break;
+            }
+            next = async {
+                work.pace(n).await;
+                work.next(n).await
+            } => next?,
+        };
+        let Some((target, value)) = next else { break };
+        n += 1;
+        pending.push_back(producer.send(&work.args.topic, target, value).await?);
         while pending.len() > WINDOW {
             pending.pop_front().expect("non-empty").await?;
             tally.committed += 1;
@@ -186,18 +275,21 @@ async fn idempotent(
         tally.committed += 1;
         tally.progress(tally.committed);
     }
-    Ok((producer.producer_id(), producer.epoch()))
+    let (pid, epoch) = (producer.producer_id(), producer.epoch());
+    Ok(match stopped {
+        Some(signal) => Outcome::Stopped(signal, pid, epoch),
+        None => Outcome::Done(pid, epoch),
+    })
 }
 
-/// The records in transactions; returns the (PID, epoch), or `None` once a failure was
-/// reported.
+/// The records in transactions; a signal aborts the open transaction.
 async fn transactional(
     config: ClientConfig,
     id: &str,
-    work: &Workload<'_>,
+    work: &mut Workload<'_>,
     tally: &mut Tally,
     json: bool,
-) -> anyhow::Result<Option<(i64, i16)>> {
+) -> anyhow::Result<Outcome> {
     let mut producer = TransactionalProducer::connect(config).await?;
     producer.init_transactions().await?;
     if !json {
@@ -207,35 +299,105 @@ async fn transactional(
             producer.epoch()
         );
     }
-    if let Err(error) = transactions(&mut producer, work, tally).await {
-        report_failure(&mut producer, id, error, work.args, tally, json).await;
-        return Ok(None);
+    let stop = stop_signal();
+    tokio::pin!(stop);
+    let result = tokio::select! {
+        signal = &mut stop => Err(signal),
+        r = transactions(&mut producer, work, tally) => Ok(r),
+    };
+    match result {
+        Ok(Ok(())) => Ok(Outcome::Done(producer.producer_id(), producer.epoch())),
+        Ok(Err(TxnFailure::Input(e))) => {
+            abort_on_stop(&mut producer, id).await;
+            Err(e)
+        }
+        Ok(Err(TxnFailure::Client(error))) => {
+            report_failure(&mut producer, id, error, work.args, tally, json).await;
+            Ok(Outcome::Failed)
+        }
+        Err(signal) => {
+            // The transaction's future was dropped mid-way: what it sent is in flight or in
+            // the log, and aborting at the coordinator makes all of it invisible at once.
+            abort_on_stop(&mut producer, id).await;
+            Ok(Outcome::Stopped(
+                signal,
+                producer.producer_id(),
+                producer.epoch(),
+            ))
+        }
     }
-    Ok(Some((producer.producer_id(), producer.epoch())))
+}
+
+/// Aborts the open transaction (if any) on the way out, bounded by [`ABORT_ON_STOP`], and says
+/// what happened on stderr.
+async fn abort_on_stop(producer: &mut TransactionalProducer, id: &str) {
+    if !producer.in_transaction() {
+        return;
+    }
+    // A second ctrl-c (or SIGTERM) stops waiting: the coordinator's timeout ends it then.
+    let aborted = tokio::select! {
+        r = tokio::time::timeout(ABORT_ON_STOP, producer.abort_transaction()) => Some(r),
+        _ = stop_signal() => None,
+    };
+    match aborted {
+        Some(Ok(Ok(()))) => eprintln!("{id}: the open transaction was aborted"),
+        Some(Ok(Err(e))) => eprintln!("{id}: aborting the open transaction failed: {e}"),
+        Some(Err(_)) => eprintln!(
+            "{id}: the abort was not acknowledged within {}s; the coordinator aborts the transaction at its timeout",
+            ABORT_ON_STOP.as_secs()
+        ),
+        None => eprintln!(
+            "{id}: stopped again; not waiting for the abort (the coordinator aborts the transaction at its timeout)"
+        ),
+    }
+}
+
+/// Why [`transactions`] stopped early.
+enum TxnFailure {
+    /// The client library failed (reported as a transaction failure).
+    Client(producer_client::Error),
+    /// Reading the input failed.
+    Input(anyhow::Error),
+}
+
+impl From<producer_client::Error> for TxnFailure {
+    fn from(e: producer_client::Error) -> Self {
+        Self::Client(e)
+    }
 }
 
 /// Begin, send `--per-txn` records, commit (or abort every `--abort-every`-th), until done.
 async fn transactions(
     producer: &mut TransactionalProducer,
-    work: &Workload<'_>,
+    work: &mut Workload<'_>,
     tally: &mut Tally,
-) -> Result<(), producer_client::Error> {
+) -> Result<(), TxnFailure> {
     let args = work.args;
     let per_txn = args.per_txn.max(1);
     let mut n = 0;
-    while n < args.records {
+    loop {
+        work.pace(n).await;
+        let Some(mut record) = work.next(n).await.map_err(TxnFailure::Input)? else {
+            return Ok(());
+        };
         tally.txns += 1;
         producer.begin_transaction()?;
-        let end = (n + per_txn).min(args.records);
+        let first = n;
         let mut deliveries = Vec::new();
-        for i in n..end {
-            work.pace(i).await;
-            deliveries.push(
-                producer
-                    .send(&args.topic, work.partition_of(i), work.value(i))
-                    .await?,
-            );
+        loop {
+            let (target, value) = record;
+            deliveries.push(producer.send(&args.topic, target, value).await?);
+            n += 1;
+            if n - first >= per_txn {
+                break;
+            }
+            work.pace(n).await;
+            match work.next(n).await.map_err(TxnFailure::Input)? {
+                Some(next) => record = next,
+                None => break,
+            }
         }
+        let end = n;
         // Every record is written before the decision, so an aborted transaction's records
         // are in the log (and hidden from read_committed readers).
         producer.flush().await?;
@@ -247,16 +409,14 @@ async fn transactions(
         let abort = args.abort_every > 0 && tally.txns % args.abort_every == 0;
         if abort {
             producer.abort_transaction().await?;
-            tally.aborted += end - n;
+            tally.aborted += end - first;
             tally.aborted_txns += 1;
         } else {
             producer.commit_transaction().await?;
-            tally.committed += end - n;
+            tally.committed += end - first;
         }
-        n = end;
         tally.progress(n);
     }
-    Ok(())
 }
 
 /// What an application does with a failed transaction: abort it. For a zombie (its epoch is
@@ -281,24 +441,25 @@ async fn report_failure(
     };
     let fenced = error.is_fatal();
     let (pid, epoch) = (producer.producer_id(), producer.epoch());
-    let sentence = match (fenced, first == error.to_string()) {
-        (true, true) => format!(
-            "{id} was fenced by a newer instance (PID {pid} epoch {epoch} is stale): {error}; stopping without committing"
-        ),
-        (true, false) => format!(
-            "{id} was fenced by a newer instance (PID {pid} epoch {epoch} is stale): {first}; the abort that followed got {error}; stopping without committing"
-        ),
-        (false, _) => format!("{id}: the transaction failed and was aborted: {first}"),
+    // Short on purpose: who, what, and the code; the details are in the debug log.
+    let sentence = if fenced {
+        format!(
+            "{id} was fenced by a newer instance ({}); this one held PID {pid} epoch {epoch}, nothing more was committed",
+            error.code_name()
+        )
+    } else {
+        format!("{id}: the transaction failed and was aborted: {first}")
     };
+    tracing::debug!(%id, first = %first, last = %error, "transactional producer stopped");
     if json {
-        println!(
+        minibroker::outln!(
             "{}",
             json!({"topic": args.topic, "transactional": true,
                 "records_committed": tally.committed, "records_aborted": tally.aborted,
                 "transactions": tally.txns, "transactions_aborted": tally.aborted_txns,
                 "producer_id": pid,
                 "producer_epoch": epoch,
-                "error": error.code_name(), "fenced": fenced,
+                "error": error.code_name(), "message": sentence, "fenced": fenced,
                 "seconds": tally.started.elapsed().as_secs_f64()})
         );
     }
@@ -306,7 +467,14 @@ async fn report_failure(
 }
 
 /// The summary of a run that finished.
-fn print_summary(args: &ProduceArgs, tally: &Tally, pid: i64, epoch: i16, json: bool) {
+fn print_summary(
+    args: &ProduceArgs,
+    tally: &Tally,
+    pid: i64,
+    epoch: i16,
+    stopped: Option<Stop>,
+    json: bool,
+) {
     let seconds = tally.started.elapsed().as_secs_f64();
     let Tally {
         committed,
@@ -316,18 +484,24 @@ fn print_summary(args: &ProduceArgs, tally: &Tally, pid: i64, epoch: i16, json: 
         ..
     } = *tally;
     if json {
-        println!(
+        minibroker::outln!(
             "{}",
             json!({"topic": args.topic, "transactional": args.transactional_id.is_some(),
                 "records_committed": committed, "records_aborted": aborted,
                 "transactions": txns, "transactions_aborted": aborted_txns,
-                "producer_id": pid, "producer_epoch": epoch, "seconds": seconds})
+                "producer_id": pid, "producer_epoch": epoch, "seconds": seconds,
+                "stopped_by": stopped.map(Stop::name)})
         );
-    } else if args.transactional_id.is_some() {
-        println!(
+        return;
+    }
+    if let Some(signal) = stopped {
+        eprintln!("{}: stopped before the last record", signal.name());
+    }
+    if args.transactional_id.is_some() {
+        minibroker::outln!(
             "{committed} records committed, {aborted} aborted, in {txns} transactions ({aborted_txns} aborted); PID {pid} epoch {epoch}; {seconds:.2}s"
         );
     } else {
-        println!("{committed} records written idempotently; PID {pid}; {seconds:.2}s");
+        minibroker::outln!("{committed} records written idempotently; PID {pid}; {seconds:.2}s");
     }
 }

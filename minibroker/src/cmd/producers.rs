@@ -35,16 +35,20 @@ pub async fn run(
                 "coordinator_generation": p.coordinator_generation})
             })
             .collect();
-        println!("{}", serde_json::to_string(&list)?);
+        minibroker::outln!("{}", serde_json::to_string(&list)?);
     } else if producers.is_empty() {
-        println!("no producer state on {topic}-{partition}");
+        minibroker::outln!("no producer state on {topic}-{partition}");
     } else {
-        println!(
+        minibroker::outln!(
             "{:>8} {:>6} {:>9} {:>14} {:>11}",
-            "PID", "EPOCH", "LAST SEQ", "TXN START OFF", "COORD GEN"
+            "PID",
+            "EPOCH",
+            "LAST SEQ",
+            "TXN START OFF",
+            "COORD GEN"
         );
         for p in producers {
-            println!(
+            minibroker::outln!(
                 "{:>8} {:>6} {:>9} {:>14} {:>11}",
                 p.producer_id,
                 p.producer_epoch,

@@ -27,6 +27,7 @@ use serde::Serialize;
 use crate::embedded::{EmbeddedCluster, EmbeddedOptions};
 
 mod tale;
+pub mod timeline;
 
 use tale::story_and_check;
 
@@ -41,6 +42,10 @@ pub struct DemoOptions {
     pub unsafe_skip_epoch_check: bool,
     /// Print the story (the summary is returned either way).
     pub verbose: bool,
+    /// Print the story on stderr instead of stdout (`--json`: stdout holds only JSON).
+    pub story_on_stderr: bool,
+    /// Write the timeline of what happened here, as an SVG sequence diagram.
+    pub timeline: Option<std::path::PathBuf>,
 }
 
 impl Default for DemoOptions {
@@ -50,6 +55,8 @@ impl Default for DemoOptions {
             records_per_partition: 2,
             unsafe_skip_epoch_check: false,
             verbose: true,
+            story_on_stderr: false,
+            timeline: None,
         }
     }
 }
@@ -126,38 +133,60 @@ const TXN_ID: &str = "demo-app";
 
 struct Story {
     verbose: bool,
+    on_stderr: bool,
     step: usize,
 }
 
 impl Story {
+    fn line(&self, text: std::fmt::Arguments<'_>) {
+        if !self.verbose {
+            return;
+        }
+        if self.on_stderr {
+            eprintln!("{text}");
+        } else {
+            crate::out::write_line(text);
+        }
+    }
+
     fn step(&mut self, text: impl AsRef<str>) {
         self.step += 1;
-        if self.verbose {
-            println!("\n[{}] {}", self.step, text.as_ref());
-        }
+        self.line(format_args!("\n[{}] {}", self.step, text.as_ref()));
     }
 
     fn say(&self, text: impl AsRef<str>) {
-        if self.verbose {
-            println!("    {}", text.as_ref());
-        }
+        self.line(format_args!("    {}", text.as_ref()));
     }
 }
 
-/// Starts an embedded cluster, runs the story, and checks it.
+/// Starts an embedded cluster, runs the story, checks it, and stops the cluster (its temporary
+/// directory is removed).
 pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     let cluster = EmbeddedCluster::start_with(EmbeddedOptions {
         unsafe_skip_epoch_check: options.unsafe_skip_epoch_check,
         ..EmbeddedOptions::default()
     })
     .await?;
+    let result = run_on(&cluster, &options).await;
+    let _ = cluster.shutdown().await;
+    result
+}
+
+/// Runs the story on a cluster the caller started (and stops): e.g. a test that scrapes the
+/// nodes' metrics afterwards. `options.unsafe_skip_epoch_check` only labels the summary here;
+/// the cluster's leaders decide.
+pub async fn run_on(
+    cluster: &EmbeddedCluster,
+    options: &DemoOptions,
+) -> anyhow::Result<DemoSummary> {
     let mut story = Story {
         verbose: options.verbose,
+        on_stderr: options.story_on_stderr,
         step: 0,
     };
-    if options.verbose {
-        println!("mini-broker fencing demo");
-        println!(
+    story.line(format_args!("mini-broker fencing demo"));
+    {
+        story.line(format_args!(
             "  embedded cluster: coordinators {}, leaders {} (data in {})",
             cluster
                 .coordinator_ids()
@@ -172,18 +201,25 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
                 .collect::<Vec<_>>()
                 .join(" "),
             cluster.dir().display()
-        );
-        println!(
+        ));
+        story.line(format_args!(
             "  transactional id {TXN_ID:?} is owned by coordinator {}",
             cluster.coordinator_for(TXN_ID)
-        );
+        ));
         if options.unsafe_skip_epoch_check {
-            println!("  DANGER: the partition leaders run WITHOUT the epoch check (broken fencing on purpose)");
+            story.line(format_args!("  DANGER: the partition leaders run WITHOUT the epoch check (broken fencing on purpose)"));
         }
     }
-    let result = story_and_check(&cluster, &options, &mut story).await;
-    let _ = cluster.shutdown().await;
-    result
+    let (summary, timeline) = story_and_check(cluster, options, &mut story).await?;
+    if let Some(path) = &options.timeline {
+        std::fs::write(path, timeline.to_svg())
+            .map_err(|e| anyhow::anyhow!("cannot write the timeline to {}: {e}", path.display()))?;
+        story.line(format_args!(
+            "\ntimeline of the story written to {}",
+            path.display()
+        ));
+    }
+    Ok(summary)
 }
 
 /// Waits (bounded) until the demo's transactional id is CompleteCommit and no transaction is

@@ -11,6 +11,7 @@ use producer_client::{
     TransactionalProducer,
 };
 
+use super::timeline::{Kind, Timeline};
 use super::{
     wait_settled, Check, DemoOptions, DemoSummary, RecordCounts, Story, ZombieRequest, TOPIC,
     TXN_ID,
@@ -31,14 +32,39 @@ struct Tale<'a> {
     committed: Vec<(TopicPartition, String)>,
     /// Values of A's aborted transaction and of its zombie writes.
     must_not_see: Vec<String>,
+    /// The picture of what happened (`--timeline`).
+    timeline: Timeline,
+    /// The coordinator's lane name.
+    coordinator: String,
+    /// Each partition's leader's lane name, by partition.
+    leaders: Vec<String>,
 }
 
-/// Tells the story (steps 1 to 7), then checks it (step 8) and gives the verdict.
+/// Tells the story (steps 1 to 7), then checks it (step 8) and gives the verdict; the timeline
+/// of what happened beside it.
 pub(super) async fn story_and_check(
     cluster: &EmbeddedCluster,
     options: &DemoOptions,
     story: &mut Story,
-) -> anyhow::Result<DemoSummary> {
+) -> anyhow::Result<(DemoSummary, Timeline)> {
+    let topology = cluster.topology();
+    let coordinator = format!("coordinator {}", cluster.coordinator_for(TXN_ID));
+    let leaders: Vec<String> = (0..3)
+        .map(|p| {
+            topology
+                .leader_for(TOPIC, p)
+                .map_or_else(|| "leader ?".to_string(), |n| format!("leader {}", n.id))
+        })
+        .collect();
+    let mut timeline = Timeline::new();
+    for lane in ["instance A", "instance B", coordinator.as_str()] {
+        timeline.lane(lane);
+    }
+    let mut sorted = leaders.clone();
+    sorted.sort();
+    for lane in &sorted {
+        timeline.lane(lane);
+    }
     let mut tale = Tale {
         cluster,
         options,
@@ -51,6 +77,9 @@ pub(super) async fn story_and_check(
         checks: Vec::new(),
         committed: Vec::new(),
         must_not_see: Vec::new(),
+        timeline,
+        coordinator,
+        leaders,
     };
     let mut a = tale.a_starts().await?;
     let a_pid = a.producer_id();
@@ -64,7 +93,8 @@ pub(super) async fn story_and_check(
     let b_after_commit = tale.b_commits(&mut b, b_values).await?;
     let records = tale.verify().await?;
     let passed = tale.verdict();
-    Ok(DemoSummary {
+    let timeline = std::mem::take(&mut tale.timeline);
+    let summary = DemoSummary {
         passed,
         transactional_id: TXN_ID.to_string(),
         a_pid,
@@ -76,10 +106,33 @@ pub(super) async fn story_and_check(
         records,
         checks: tale.checks,
         unsafe_skip_epoch_check: options.unsafe_skip_epoch_check,
-    })
+    };
+    Ok((summary, timeline))
 }
 
+const A: &str = "instance A";
+const B: &str = "instance B";
+
 impl Tale<'_> {
+    /// Draws `who`'s Produce to each of `partitions` at `epoch`.
+    fn draw_produce(&mut self, who: &str, partitions: &[TopicPartition], epoch: i16) {
+        for tp in partitions {
+            let leader = self.leaders[tp.partition as usize].clone();
+            let label = format!("Produce {tp} (epoch {epoch}) -> ok");
+            self.timeline.arrow(who, &leader, label, Kind::Request);
+        }
+    }
+
+    /// Draws the markers of a transaction ended at `epoch` on `partitions`.
+    fn draw_markers(&mut self, partitions: &[TopicPartition], label: &str, kind: Kind) {
+        let coordinator = self.coordinator.clone();
+        for tp in partitions {
+            let leader = self.leaders[tp.partition as usize].clone();
+            self.timeline
+                .arrow(&coordinator, &leader, format!("{label} {tp}"), kind);
+        }
+    }
+
     /// Records one of the checker's verdicts (`detail` is kept only for a failure).
     fn check(&mut self, name: &str, ok: bool, detail: String) {
         self.checks.push(Check {
@@ -95,6 +148,15 @@ impl Tale<'_> {
             .step("Instance A starts: FindCoordinator, then InitProducerId(\"demo-app\")");
         let mut a = TransactionalProducer::connect(self.config.clone()).await?;
         a.init_transactions().await?;
+        let coordinator = self.coordinator.clone();
+        self.timeline
+            .arrow(A, &coordinator, "InitProducerId(demo-app)", Kind::Request);
+        self.timeline.arrow(
+            &coordinator,
+            A,
+            format!("PID {}, epoch {}", a.producer_id(), a.epoch()),
+            Kind::Reply,
+        );
         self.story.say(format!(
             "A got PID {} at epoch {}",
             a.producer_id(),
@@ -133,6 +195,32 @@ impl Tale<'_> {
             a.commit_transaction().await?;
             self.committed.extend(values);
             a_epochs.push(a.epoch());
+            let coordinator = self.coordinator.clone();
+            let partitions = self.partitions.clone();
+            self.timeline.arrow(
+                A,
+                &coordinator,
+                format!("AddPartitionsToTxn x3 (epoch {before})"),
+                Kind::Request,
+            );
+            self.draw_produce(A, &partitions, before);
+            self.timeline.arrow(
+                A,
+                &coordinator,
+                format!("EndTxn(COMMIT, epoch {before})"),
+                Kind::Request,
+            );
+            self.timeline.arrow(
+                &coordinator,
+                A,
+                format!("OK, epoch {}", a.epoch()),
+                Kind::Reply,
+            );
+            self.draw_markers(
+                &partitions,
+                &format!("COMMIT (epoch {})", a.epoch()),
+                Kind::Marker,
+            );
             self.story.say(format!(
                 "txn {t}: AddPartitionsToTxn x3, Produce x{}, EndTxn(COMMIT) -> committed; epoch {before} -> {}",
                 3 * options.records_per_partition,
@@ -154,6 +242,17 @@ impl Tale<'_> {
             self.must_not_see.push(value);
         }
         let (zombie_pid, zombie_epoch) = (a.producer_id(), a.epoch());
+        let coordinator = self.coordinator.clone();
+        self.timeline.arrow(
+            A,
+            &coordinator,
+            format!("AddPartitionsToTxn x2 (epoch {zombie_epoch})"),
+            Kind::Request,
+        );
+        let open = self.partitions[..2].to_vec();
+        self.draw_produce(A, &open, zombie_epoch);
+        self.timeline
+            .note(A, format!("GC pause: A still holds epoch {zombie_epoch}"));
         self.story.say(format!(
             "A holds (PID {zombie_pid}, epoch {zombie_epoch}); its transaction is Ongoing on input-0, input-1"
         ));
@@ -171,11 +270,36 @@ impl Tale<'_> {
         let mut b = TransactionalProducer::connect(self.config.clone()).await?;
         b.init_transactions().await?;
         let (b_pid, b_epoch) = (b.producer_id(), b.epoch());
+        let coordinator = self.coordinator.clone();
+        let fence_epoch = zombie_epoch.saturating_add(1);
+        self.timeline
+            .arrow(B, &coordinator, "InitProducerId(demo-app)", Kind::Request);
+        self.timeline.note(
+            &coordinator,
+            format!("A's transaction is Ongoing: bump to epoch {fence_epoch}, PrepareAbort"),
+        );
+        let open = self.partitions[..2].to_vec();
+        self.draw_markers(
+            &open,
+            &format!("ABORT (epoch {fence_epoch}) fences A on"),
+            Kind::Fence,
+        );
+        self.timeline.arrow(
+            &coordinator,
+            B,
+            format!("PID {b_pid}, epoch {b_epoch} (CompleteAbort, bumped again)"),
+            Kind::Reply,
+        );
         self.story.say(format!(
             "B got PID {b_pid} at epoch {b_epoch}: the same PID, a higher epoch"
         ));
         self.story
             .say("the coordinator aborted A's open transaction (ABORT markers with the new epoch)");
+        if b_pid == a_pid && b_epoch == zombie_epoch.saturating_add(2) {
+            self.story.say(format!(
+                "why +2: epoch {fence_epoch} was spent fencing A (its open transaction was aborted with markers at {fence_epoch}, so no request at {zombie_epoch} is accepted any more); B's InitProducerId, retried once that abort completed, bumped once more to {b_epoch}"
+            ));
+        }
         self.check(
             "the second instance gets the same PID",
             b_pid == a_pid,
@@ -197,6 +321,15 @@ impl Tale<'_> {
         self.story
             .step("B opens a transaction and writes to every partition of input");
         b.begin_transaction()?;
+        let coordinator = self.coordinator.clone();
+        let partitions = self.partitions.clone();
+        self.timeline.arrow(
+            B,
+            &coordinator,
+            format!("AddPartitionsToTxn x3 (epoch {})", b.epoch()),
+            Kind::Request,
+        );
+        self.draw_produce(B, &partitions, b.epoch());
         let mut b_values = Vec::new();
         for tp in &self.partitions {
             for r in 0..self.options.records_per_partition {
@@ -247,6 +380,12 @@ impl Tale<'_> {
         let value = "A-zombie-input-0".to_string();
         self.must_not_see.push(value.clone());
         let r = a.send_and_wait(TOPIC, 0, value).await.map(|_| ());
+        let (l0, l2, c) = (
+            self.leaders[0].clone(),
+            self.leaders[2].clone(),
+            self.coordinator.clone(),
+        );
+        self.draw_zombie(&l0, &format!("Produce input-0 (epoch {zombie_epoch})"), &r);
         fenced.push(self.zombie_answer("Produce input-0 at its leader (A's own client)", r));
         // Produce at a partition A never wrote to.
         let value = "A-zombie-input-2".to_string();
@@ -262,17 +401,35 @@ impl Tale<'_> {
             )
             .await
             .map(|_| ());
+        self.draw_zombie(&l2, &format!("Produce input-2 (epoch {zombie_epoch})"), &r);
         fenced.push(self.zombie_answer("Produce input-2 at its leader (never written by A)", r));
         let r = raw
             .add_partitions(TXN_ID, zombie_pid, zombie_epoch, &self.partitions[2..])
             .await;
+        self.draw_zombie(
+            &c,
+            &format!("AddPartitionsToTxn(input-2) (epoch {zombie_epoch})"),
+            &r,
+        );
         fenced.push(self.zombie_answer("AddPartitionsToTxn(input-2) at the coordinator", r));
         let r = raw
             .end_txn(TXN_ID, zombie_pid, zombie_epoch, true)
             .await
             .map(|_| ());
+        self.draw_zombie(&c, &format!("EndTxn(COMMIT, epoch {zombie_epoch})"), &r);
         fenced.push(self.zombie_answer("EndTxn(COMMIT) at the coordinator", r));
         Ok(fenced)
+    }
+
+    /// Draws one zombie request to `to` and its answer.
+    fn draw_zombie(&mut self, to: &str, request: &str, result: &Result<(), Error>) {
+        self.timeline.arrow(A, to, request, Kind::Request);
+        match result {
+            Ok(()) => self
+                .timeline
+                .arrow(to, A, "ACCEPTED (fencing is broken!)", Kind::Reply),
+            Err(e) => self.timeline.arrow(to, A, e.code_name(), Kind::Rejected),
+        }
     }
 
     /// Tells one zombie request's answer.
@@ -298,8 +455,15 @@ impl Tale<'_> {
 
     /// A's application reacts as it should: abort. That is fenced too, fatal, and sticky.
     async fn zombie_aborts(&mut self, a: &mut TransactionalProducer) {
+        let zombie_epoch = a.epoch();
         let abort = a.abort_transaction().await;
         let abort_fatal = matches!(&abort, Err(e) if e.is_fatal());
+        let coordinator = self.coordinator.clone();
+        self.draw_zombie(
+            &coordinator,
+            &format!("EndTxn(ABORT, epoch {zombie_epoch})"),
+            &abort,
+        );
         self.story.say(format!(
             "A's application aborts: {}",
             match &abort {
@@ -333,9 +497,29 @@ impl Tale<'_> {
         b_values: Vec<(TopicPartition, String)>,
     ) -> anyhow::Result<(i64, i16)> {
         self.story.step("B commits");
+        let before = b.epoch();
         b.commit_transaction().await?;
         self.committed.extend(b_values);
         let b_after_commit = (b.producer_id(), b.epoch());
+        let coordinator = self.coordinator.clone();
+        let partitions = self.partitions.clone();
+        self.timeline.arrow(
+            B,
+            &coordinator,
+            format!("EndTxn(COMMIT, epoch {before})"),
+            Kind::Request,
+        );
+        self.timeline.arrow(
+            &coordinator,
+            B,
+            format!("OK, epoch {}", b.epoch()),
+            Kind::Reply,
+        );
+        self.draw_markers(
+            &partitions,
+            &format!("COMMIT (epoch {})", b.epoch()),
+            Kind::Marker,
+        );
         self.story.say(format!(
             "EndTxn(COMMIT) answered once PrepareCommit was durable; B now holds (PID {}, epoch {})",
             b_after_commit.0, b_after_commit.1
@@ -475,6 +659,16 @@ impl Tale<'_> {
         let passed = self.checks.iter().all(|c| c.ok);
         self.story
             .step(format!("Verdict: {}", if passed { "PASS" } else { "FAIL" }));
+        let failed = self.checks.iter().filter(|c| !c.ok).count();
+        self.timeline.note(
+            B,
+            format!(
+                "read_committed check: {} ({} of {} checks held)",
+                if passed { "PASS" } else { "FAIL" },
+                self.checks.len() - failed,
+                self.checks.len()
+            ),
+        );
         for c in &self.checks {
             self.story.say(format!(
                 "[{}] {}{}",

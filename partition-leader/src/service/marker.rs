@@ -49,9 +49,9 @@ impl LeaderService {
             .into_iter()
             .collect();
         if let Some(control) = &plan.control {
-            info!(partition = %part.tp, pid = marker.producer_id, epoch = control.producer_epoch,
-                  commit = control.commit, offset = plan.base_offset,
-                  aborted = ?plan.aborted, "transaction marker written");
+            debug!(partition = %part.tp, pid = marker.producer_id, epoch = control.producer_epoch,
+                   commit = control.commit, offset = plan.base_offset,
+                   aborted = ?plan.aborted, "transaction marker written");
         } else if plan.is_noop() {
             debug!(partition = %part.tp, pid = marker.producer_id, "repeated marker");
         } else {
@@ -59,5 +59,29 @@ impl LeaderService {
                   "marker without an open transaction: epoch recorded");
         }
         self.persist(guard, part, plan, entries).await
+    }
+
+    /// WriteTxnMarkersBatch: the markers of several transactions from one coordinator, each
+    /// handled exactly as its own WriteTxnMarkers would be (the same authentication and fencing,
+    /// the same writes; transactions in parallel), answered in request order. Only the round
+    /// trip is shared.
+    pub(super) async fn write_txn_markers_batch_of(
+        &self,
+        batch: proto::WriteTxnMarkersBatchRequest,
+    ) -> std::result::Result<proto::WriteTxnMarkersBatchResponse, tonic::Status> {
+        use proto::partition_leader_server::PartitionLeader;
+        debug!(transactions = batch.markers.len(), "WriteTxnMarkersBatch");
+        let replies = futures::future::join_all(
+            batch
+                .markers
+                .into_iter()
+                .map(|markers| self.write_txn_markers(tonic::Request::new(markers))),
+        )
+        .await;
+        let responses = replies
+            .into_iter()
+            .map(|reply| reply.map(tonic::Response::into_inner))
+            .collect::<std::result::Result<_, tonic::Status>>()?;
+        Ok(proto::WriteTxnMarkersBatchResponse { responses })
     }
 }

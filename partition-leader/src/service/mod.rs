@@ -21,6 +21,11 @@
 //! read waits on the partition's `Notify` (woken by every write) up to `max_wait_ms`, capped at
 //! [`MAX_WAIT_CAP`], and is released at once on shutdown.
 //!
+//! Operations: the server also carries the standard gRPC health service (SERVING once the
+//! partitions are loaded, NOT_SERVING when one goes offline or the leader stops) and server
+//! reflection; the handlers count every answer in [`LeaderConfig::metrics`], and each durable
+//! write its flush latency, its size and the partition's LSO lag.
+//!
 //! CAVEATS: no quotas, no fetch sessions, no follower replication (NOT_LEADER_OR_FOLLOWER only
 //! reflects the static topology).
 
@@ -28,6 +33,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cluster::health::{self, NodeHealth, LEADER_SERVICE};
+use cluster::metrics::Metrics;
 use cluster::node;
 use cluster::{NodeId, TopicPartition, Topology};
 use proto::partition_leader_server::{PartitionLeader, PartitionLeaderServer};
@@ -79,6 +86,8 @@ pub struct LeaderConfig {
     /// The cluster secret internal requests are signed and checked with ([`cluster::auth`]).
     /// `None` (the default): WriteTxnMarkers is refused from every caller.
     pub cluster_secret: Option<cluster::auth::ClusterSecret>,
+    /// Where this node counts what it does (serve them with [`cluster::metrics::serve_http`]).
+    pub metrics: Metrics,
 }
 
 impl LeaderConfig {
@@ -96,6 +105,7 @@ impl LeaderConfig {
             max_record_bytes: DEFAULT_MAX_BYTES,
             unsafe_skip_epoch_check: false,
             cluster_secret: None,
+            metrics: Metrics::new(),
         }
     }
 
@@ -172,6 +182,9 @@ struct Inner {
     storage: Arc<dyn Storage>,
     verifier: Arc<dyn TxnVerifier>,
     shutdown: watch::Receiver<bool>,
+    metrics: Metrics,
+    /// Set by [`serve_with`]: turned NOT_SERVING when a partition goes offline.
+    health: std::sync::OnceLock<NodeHealth>,
 }
 
 /// The PartitionLeader gRPC service.
@@ -208,6 +221,9 @@ impl LeaderService {
                 producers = state.producers().len(),
                 "partition loaded"
             );
+            config
+                .metrics
+                .lso_lag(&tp, state.high_watermark() - state.last_stable_offset());
             partitions.insert(
                 tp.clone(),
                 Arc::new(Partition {
@@ -233,6 +249,8 @@ impl LeaderService {
                 storage,
                 verifier,
                 shutdown,
+                metrics: config.metrics.clone(),
+                health: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -300,13 +318,22 @@ impl LeaderService {
     ) -> Result<()> {
         let storage = self.inner.storage.clone();
         let skip = self.inner.unsafe_skip_epoch_check;
+        let metrics = self.inner.metrics.clone();
+        let health = self.inner.health.get().cloned();
         tokio::spawn(async move {
             let _guard = guard;
             if !plan.is_noop() {
+                let records = entries.len();
                 let write = Write::new(&plan, entries);
                 let tp = part.tp.clone();
                 let store = storage.clone();
-                if let Err(e) = blocking(move || store.write(&tp, &write)).await {
+                let started = std::time::Instant::now();
+                let written = blocking(move || store.write(&tp, &write)).await;
+                metrics.flushed("leader", started.elapsed());
+                if written.is_ok() && records > 0 {
+                    metrics.group_commit(records);
+                }
+                if let Err(e) = written {
                     warn!(partition = %part.tp, "write failed, reloading the partition: {e}");
                     let tp = part.tp.clone();
                     let reloaded = blocking(move || {
@@ -325,13 +352,21 @@ impl LeaderService {
                             tracing::error!(partition = %part.tp, "partition offline: {reload}");
                             part.offline
                                 .store(true, std::sync::atomic::Ordering::SeqCst);
+                            if let Some(health) = &health {
+                                health.set_serving(false).await;
+                            }
                         }
                     }
                     part.appended.notify_waiters();
                     return Err(e);
                 }
             }
-            part.state().apply(&plan);
+            let lag = {
+                let mut state = part.state();
+                state.apply(&plan);
+                state.high_watermark() - state.last_stable_offset()
+            };
+            metrics.lso_lag(&part.tp, lag);
             part.appended.notify_waiters();
             Ok(())
         })
@@ -371,6 +406,11 @@ impl PartitionLeader for LeaderService {
         &self,
         request: Request<ProduceRequest>,
     ) -> Result<Response<ProduceResponse>, Status> {
+        let pid = request
+            .get_ref()
+            .batch
+            .as_ref()
+            .map_or(cluster::NO_PRODUCER_ID, |b| b.producer_id);
         let response = self
             .produce_inner(request.into_inner())
             .await
@@ -385,6 +425,9 @@ impl PartitionLeader for LeaderService {
                     high_watermark: -1,
                 }
             });
+        self.inner
+            .metrics
+            .request("Produce", response.error_code, "", pid);
         Ok(Response::new(response))
     }
 
@@ -407,6 +450,9 @@ impl PartitionLeader for LeaderService {
                     next_offset: -1,
                 }
             });
+        self.inner
+            .metrics
+            .request("Fetch", response.error_code, "", cluster::NO_PRODUCER_ID);
         Ok(Response::new(response))
     }
 
@@ -451,6 +497,12 @@ impl PartitionLeader for LeaderService {
                         }
                     }
                 };
+                self.inner.metrics.request(
+                    "WriteTxnMarkers",
+                    error_code,
+                    "",
+                    request.producer_id,
+                );
                 MarkerPartitionResult {
                     partition: Some(tp),
                     error_code,
@@ -460,6 +512,15 @@ impl PartitionLeader for LeaderService {
         }))
         .await;
         Ok(Response::new(WriteTxnMarkersResponse { results }))
+    }
+
+    async fn write_txn_markers_batch(
+        &self,
+        request: Request<proto::WriteTxnMarkersBatchRequest>,
+    ) -> Result<Response<proto::WriteTxnMarkersBatchResponse>, Status> {
+        self.write_txn_markers_batch_of(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn describe_producers(
@@ -476,6 +537,12 @@ impl PartitionLeader for LeaderService {
                     producers: vec![],
                 }
             });
+        self.inner.metrics.request(
+            "DescribeProducers",
+            response.error_code,
+            "",
+            cluster::NO_PRODUCER_ID,
+        );
         Ok(Response::new(response))
     }
 }
@@ -566,6 +633,12 @@ async fn serve_inner(
         partitions = service.inner.partitions.len(),
         "partition leader serving"
     );
+    // SERVING once the partitions are loaded; NOT_SERVING when one goes offline or on stop.
+    let (health, health_service) = NodeHealth::new(LEADER_SERVICE).await;
+    let reflection = health::reflection(LEADER_SERVICE)
+        .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
+    health.set_serving(true).await;
+    let _ = service.inner.health.set(health.clone());
     let kafka = kafka_listener.map(|kafka_listener| {
         let kafka_config = kafka_wire::ServerConfig::new(node_id, topology.clone());
         let handler = Arc::new(crate::kafka::KafkaLeader::new(service.clone()));
@@ -581,9 +654,12 @@ async fn serve_inner(
     });
     let shutdown = async move {
         shutdown.await;
+        health.set_serving(false).await;
         let _ = stop_tx.send(true);
     };
     let served = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
         .add_service(cluster::ClusterService::new(topology).into_server())
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(node::incoming(listener), shutdown)

@@ -79,7 +79,7 @@ impl LeaderService {
         let decision = match decision {
             Err(e @ Error::InvalidProducerEpoch(_)) => {
                 info!(partition = %part.tp, pid = header.producer_id, epoch = header.epoch,
-                      "fenced a zombie producer: {e}");
+                      cause = "older_epoch", "fenced a zombie producer: {e}");
                 return Err(e);
             }
             other => other?,
@@ -126,8 +126,8 @@ impl LeaderService {
         let (base_offset, high_watermark) = (plan.base_offset, plan.high_watermark);
         if let Some((pid, p)) = &plan.producer {
             if p.txn_first_offset == Some(base_offset) {
-                info!(partition = %part.tp, pid, epoch = p.epoch, first_offset = base_offset,
-                      txn_id = %transactional_id, "transaction opened");
+                debug!(partition = %part.tp, pid, epoch = p.epoch, first_offset = base_offset,
+                       txn_id = %transactional_id, "transaction opened");
             }
         }
         self.persist(guard, part.clone(), plan, entries).await?;

@@ -1,0 +1,291 @@
+//! Group commit and waiting out Prepare*: a request that finds its id's markers outstanding
+//! waits for them instead of bouncing CONCURRENT_TRANSACTIONS, and a coordinator PROCESS killed
+//! (SIGKILL) right after acknowledging concurrent transitions finds all of them after restart.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use proto::partition_leader_server::PartitionLeaderServer;
+use proto::{ErrorCode, TxnState};
+
+fn long_wait(config: &mut coordinator::CoordinatorConfig) {
+    config.max_prepare_wait = Duration::from_secs(20);
+}
+
+/// Waits until the fake leader has refused `more` marker requests beyond `seen`: time in
+/// which a bouncing coordinator would long have answered.
+async fn marker_attempts(leader: &FakeLeader, seen: usize, more: usize) {
+    let leader = leader.clone();
+    eventually("more marker attempts", || {
+        let leader = leader.clone();
+        async move { (leader.markers().len() >= seen + more).then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn init_after_end_txn_waits_for_the_markers_instead_of_bouncing() {
+    let cluster = Cluster::start_with(1, long_wait).await;
+    let mut t = Txn::new(cluster.client(1).await, "txn-next");
+    let pe = t.init().await;
+    assert_eq!(t.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
+    let leader = cluster.leaders[0].clone();
+    leader.set_ack(false);
+    let ended = t.end(pe, true).await;
+    t.wait_state(TxnState::PrepareCommit).await;
+
+    // The next InitProducerId arrives while the markers are outstanding: it waits.
+    let mut next = Txn::new(cluster.client(1).await, "txn-next");
+    let init = tokio::spawn(async move { next.init_raw(60_000, (-1, -1)).await });
+    let seen = leader.markers().len();
+    marker_attempts(&leader, seen, 5).await;
+    assert!(
+        !init.is_finished(),
+        "InitProducerId answered while the markers were outstanding"
+    );
+    leader.set_ack(true);
+    let r = tokio::time::timeout(Duration::from_secs(10), init)
+        .await
+        .expect("answered once the markers completed")
+        .unwrap();
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    assert_eq!((r.producer_id, r.producer_epoch), (ended.0, ended.1 + 1));
+    assert_eq!(t.describe().await.state, TxnState::Empty as i32);
+}
+
+#[tokio::test]
+async fn end_txn_of_the_next_transaction_waits_too() {
+    // EndTxn at the bumped epoch while the previous transaction is PrepareAbort: today's
+    // CONCURRENT_TRANSACTIONS becomes a wait, then the request is answered on the settled state
+    // (here an empty abort: OK with the next epoch).
+    let cluster = Cluster::start_with(1, long_wait).await;
+    let mut t = Txn::new(cluster.client(1).await, "txn-early");
+    let pe = t.init().await;
+    assert_eq!(t.add(pe, vec![tp("t", 1)]).await, ErrorCode::None);
+    let leader = cluster.leaders[1].clone();
+    leader.set_ack(false);
+    let bumped = t.end(pe, false).await;
+    t.wait_state(TxnState::PrepareAbort).await;
+    let mut early = Txn::new(cluster.client(1).await, "txn-early");
+    let end = tokio::spawn(async move { early.end_raw(bumped, false).await });
+    let seen = leader.markers().len();
+    marker_attempts(&leader, seen, 5).await;
+    assert!(!end.is_finished(), "EndTxn answered during PrepareAbort");
+    leader.set_ack(true);
+    let r = end.await.unwrap();
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    assert_eq!((r.producer_id, r.producer_epoch), (bumped.0, bumped.1 + 1));
+}
+
+#[tokio::test]
+async fn the_wait_is_bounded_and_then_answers_concurrent_transactions() {
+    // The harness's wait is 200ms: markers that never complete still get the old answer.
+    let cluster = Cluster::start(1).await;
+    let mut t = Txn::new(cluster.client(1).await, "txn-stuck");
+    let pe = t.init().await;
+    assert_eq!(t.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
+    cluster.leaders[0].set_ack(false);
+    t.end(pe, true).await;
+    t.wait_state(TxnState::PrepareCommit).await;
+    let started = std::time::Instant::now();
+    let r = t.init_raw(60_000, (-1, -1)).await;
+    assert_eq!(code(r.error_code), ErrorCode::ConcurrentTransactions);
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn fencing_init_answers_once_the_abort_completed() {
+    let cluster = Cluster::start_with(1, long_wait).await;
+    let mut old = Txn::new(cluster.client(1).await, "txn-fence");
+    let pe = old.init().await;
+    assert_eq!(old.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
+    let leader = cluster.leaders[0].clone();
+    leader.set_ack(false);
+    let mut new = Txn::new(cluster.client(1).await, "txn-fence");
+    let init = tokio::spawn(async move { new.init_raw(60_000, (-1, -1)).await });
+    old.wait_state(TxnState::PrepareAbort).await;
+    let seen = leader.markers().len();
+    marker_attempts(&leader, seen, 3).await;
+    assert!(!init.is_finished());
+    leader.set_ack(true);
+    // Kafka's answer is kept (the caller retries), but only once the abort is complete, so
+    // the retry succeeds at once.
+    let r = init.await.unwrap();
+    assert_eq!(code(r.error_code), ErrorCode::ConcurrentTransactions);
+    assert_eq!(old.describe().await.state, TxnState::CompleteAbort as i32);
+    let r = old.init_raw(60_000, (-1, -1)).await;
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    assert_eq!(r.producer_epoch, pe.1 + 2);
+}
+
+/// A coordinator child process, killed with SIGKILL when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_coordinator(dir: &std::path::Path, addr: &str, log: &std::path::Path) -> Process {
+    let log = std::fs::File::create(log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_coordinator"))
+        .args(["--node-id", "1", "--listen", addr])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--topology")
+        .arg(dir.join("topology.toml"))
+        .env("RUST_LOG", "coordinator=debug")
+        .env("CLUSTER_SECRET", testkit::auth::TEST_SECRET)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Process(child)
+}
+
+/// The sizes of the group commits a coordinator logged ("group commit flushed writes=N").
+fn batch_sizes(log: &std::path::Path) -> Vec<usize> {
+    let text = std::fs::read_to_string(log).unwrap();
+    text.lines()
+        .filter(|l| l.contains("group commit flushed"))
+        .filter_map(|l| {
+            let plain: String = strip_ansi(l);
+            let rest = plain.split("writes=").nth(1)?;
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn sigkill_after_a_group_commit_loses_no_acknowledged_transition() {
+    const IDS: usize = 32;
+    let dir = tempfile::tempdir().unwrap();
+    // Leader 101 refuses every marker: an EndTxn's PrepareCommit stays the durable state.
+    let leader = FakeLeader::default();
+    leader.set_ack(false);
+    let leader_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let leader_addr = leader_listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(PartitionLeaderServer::new(leader.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
+                leader_listener,
+            )),
+    );
+    // A free port for the child (released here, bound again by the child).
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        dir.path().join("topology.toml"),
+        format!(
+            "transaction_state_partitions = 8\n\
+             [[coordinators]]\nid = 1\naddress = \"{addr}\"\n\
+             [[leaders]]\nid = 101\naddress = \"{leader_addr}\"\n\
+             [[topics]]\nname = \"t\"\nleaders = [101, 101, 101]\n"
+        ),
+    )
+    .unwrap();
+
+    let first_log = dir.path().join("first.log");
+    let mut process = spawn_coordinator(dir.path(), &addr, &first_log);
+    let client = connect(&addr).await;
+
+    // Concurrent transitions of different ids: Init, AddPartitions, and for every other id
+    // EndTxn(COMMIT). Each reply is an acknowledgement that the transition is durable.
+    let mut tasks = Vec::new();
+    for i in 0..IDS {
+        let mut t = Txn::new(client.clone(), &format!("kill-{i}"));
+        tasks.push(tokio::spawn(async move {
+            let pe = t.init().await;
+            let partition = (i % 3) as i32;
+            assert_eq!(t.add(pe, vec![tp("t", partition)]).await, ErrorCode::None);
+            if i % 2 == 0 {
+                let bumped = t.end(pe, true).await;
+                (t.id, bumped, TxnState::PrepareCommit, partition)
+            } else {
+                (t.id, pe, TxnState::Ongoing, partition)
+            }
+        }));
+    }
+    let mut acknowledged = BTreeMap::new();
+    for task in tasks {
+        let (id, pe, state, partition) = task.await.unwrap();
+        acknowledged.insert(id, (pe, state, partition));
+    }
+    // At once: no clean stop, no flush at shutdown.
+    process.0.kill().unwrap();
+    process.0.wait().unwrap();
+    drop(process);
+    let sizes = batch_sizes(&first_log);
+    assert!(
+        sizes.iter().any(|&n| n > 1),
+        "no flush carried more than one write: {sizes:?}"
+    );
+
+    let second_log = dir.path().join("second.log");
+    let _process = spawn_coordinator(dir.path(), &addr, &second_log);
+    let mut client = connect(&addr).await;
+    for (id, ((pid, epoch), state, partition)) in &acknowledged {
+        let d = describe(&mut client, id).await;
+        assert_eq!(d.error_code, 0, "{id}: {}", d.error_message);
+        assert_eq!(d.state, *state as i32, "{id}");
+        // For PrepareCommit: the bumped (PID, epoch) EndTxn answered, which the markers carry.
+        assert_eq!((d.producer_id, d.producer_epoch), (*pid, *epoch), "{id}");
+        let partitions: Vec<_> = d.partitions.iter().map(|p| p.partition).collect();
+        assert_eq!(partitions, vec![*partition], "{id}");
+    }
+}
+
+/// Connects to a coordinator child and waits until it has loaded its state.
+async fn connect(addr: &str) -> Client {
+    let endpoint = format!("http://{addr}");
+    let client = eventually("coordinator process up", || {
+        let endpoint = endpoint.clone();
+        async move { Client::connect(endpoint).await.ok() }
+    })
+    .await;
+    eventually("coordinator loaded", || {
+        let mut c = client.clone();
+        async move {
+            let r = c
+                .list_transactions(proto::ListTransactionsRequest::default())
+                .await
+                .ok()?
+                .into_inner();
+            (r.error_code == 0).then_some(())
+        }
+    })
+    .await;
+    client
+}
