@@ -298,6 +298,9 @@ impl EmbeddedCluster {
                         .is_ok(),
                     Err(_) => false,
                 };
+                // A coordinator is ready once it has loaded its state (and checked its peers):
+                // until then it answers COORDINATOR_LOAD_IN_PROGRESS.
+                let ok = ok && (slot.role != Role::Coordinator || loaded(&address).await);
                 if ok {
                     break;
                 }
@@ -573,4 +576,21 @@ fn topology_of(
     };
     topology.validate()?;
     Ok(topology)
+}
+
+/// Whether the coordinator at `address` has loaded its state (ListTransactions answers NONE).
+async fn loaded(address: &str) -> bool {
+    let client = proto::transaction_coordinator_client::TransactionCoordinatorClient::connect(
+        format!("http://{address}"),
+    )
+    .await;
+    let Ok(mut client) = client else {
+        return false;
+    };
+    client
+        .list_transactions(proto::ListTransactionsRequest {
+            state_filters: vec![],
+        })
+        .await
+        .is_ok_and(|r| r.into_inner().error_code == proto::ErrorCode::None as i32)
 }
