@@ -6,6 +6,8 @@
 //! [[coordinators]]
 //! id = 1
 //! address = "127.0.0.1:9101"
+//! # optional: the node's Kafka listener as Kafka clients reach it
+//! kafka_address = "127.0.0.1:9092"
 //!
 //! [[leaders]]
 //! id = 101
@@ -43,6 +45,10 @@ pub struct Node {
     pub id: NodeId,
     /// `host:port` that others dial.
     pub address: String,
+    /// `host:port` of the node's Kafka listener as clients reach it (advertised in Kafka's
+    /// Metadata and FindCoordinator), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_address: Option<String>,
 }
 
 /// A topic and, per partition index, the id of the leader that owns it.
@@ -132,6 +138,17 @@ impl Topology {
             }
             if node.address.trim().is_empty() {
                 return invalid(format!("node {} has an empty address", node.id));
+            }
+            if let Some(kafka) = &node.kafka_address {
+                if kafka
+                    .rsplit_once(':')
+                    .is_none_or(|(_, port)| port.parse::<u16>().is_err())
+                {
+                    return invalid(format!(
+                        "node {} has kafka_address {kafka:?}, which is not host:port",
+                        node.id
+                    ));
+                }
             }
         }
         let leader_ids: BTreeSet<NodeId> = self.leaders.iter().map(|n| n.id).collect();
@@ -282,6 +299,7 @@ mod tests {
             [[leaders]]
             id = 101
             address = "l1:1"
+            kafka_address = "l1:9092"
             [[leaders]]
             id = 102
             address = "l2:1"
@@ -339,6 +357,17 @@ mod tests {
     }
 
     #[test]
+    fn kafka_addresses_are_optional() {
+        let t = sample();
+        assert_eq!(
+            t.leader(101).unwrap().kafka_address.as_deref(),
+            Some("l1:9092")
+        );
+        assert_eq!(t.leader(102).unwrap().kafka_address, None);
+        assert!(!t.to_toml().contains("l2:9092"));
+    }
+
+    #[test]
     fn round_trips_through_toml() {
         let t = sample();
         assert_eq!(Topology::parse(&t.to_toml()).unwrap(), t);
@@ -354,6 +383,7 @@ mod tests {
             ("transaction_state_partitions = 1\n[[coordinators]]\nid=1\naddress=\"a\"\n[[topics]]\nname=\"t\"\nleaders=[7]", "leader 7"),
             ("transaction_state_partitions = 1\n[[coordinators]]\nid=1\naddress=\"a\"\n[[topics]]\nname=\"t\"\nleaders=[]", "no partitions"),
             ("transaction_state_partitions = 1\n[[coordinators]]\nid=1\naddress=\" \"", "empty address"),
+            ("transaction_state_partitions = 1\n[[coordinators]]\nid=1\naddress=\"a:1\"\nkafka_address=\"nope\"", "not host:port"),
             ("bogus = 1", "not valid"),
             ("\u{0}\u{1}garbage", "not valid"),
         ];

@@ -152,6 +152,7 @@ async fn init(c: &mut Coord, id: &str, retries: &AtomicU64) -> (i64, i32) {
                 transaction_timeout_ms: 60_000,
                 expected_producer_id: -1,
                 expected_producer_epoch: -1,
+                transaction_version: 2,
             })
             .await
             .expect("rpc")

@@ -32,6 +32,10 @@ struct Args {
     /// The cluster topology file (TOML).
     #[arg(long, env = "TOPOLOGY")]
     topology: PathBuf,
+    /// Also serve Kafka's protocol here (advertise it as this node's `kafka_address` in the
+    /// topology).
+    #[arg(long = "kafka-listen", env = "KAFKA_LISTEN_ADDR")]
+    kafka_listen: Option<String>,
     /// How often to look for timed-out transactions, in milliseconds.
     #[arg(long, env = "TIMEOUT_SCAN_INTERVAL_MS", default_value_t = 1000)]
     timeout_scan_interval_ms: u64,
@@ -86,6 +90,14 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(node_id = args.node_id, address = %listener.local_addr()?, "coordinator listening");
+    let kafka_listener = match &args.kafka_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding the Kafka listener {address}"))?,
+        ),
+        None => None,
+    };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     if let Some(address) = &args.metrics_listen {
         let (bound, _) =
@@ -98,7 +110,7 @@ async fn main() -> anyhow::Result<()> {
         let _ = stop.send(true);
     });
     let mut stopped = stopped.clone();
-    coordinator::serve(config, listener, async move {
+    coordinator::serve_with_kafka(config, listener, kafka_listener, async move {
         let _ = stopped.wait_for(|s| *s).await;
     })
     .await

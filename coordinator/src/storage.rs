@@ -111,6 +111,13 @@ pub trait Storage: Send + Sync + 'static {
     /// Applies an accepted group marker, atomically: its offsets become the group's committed
     /// offsets (other partitions kept) and its epoch and generation are recorded.
     fn apply_group_marker(&self, write: &GroupMarkerWrite) -> Result<(), StorageError>;
+    /// Commits `offsets` for `group` outside any transaction (Kafka's OffsetCommit); durable
+    /// when this returns.
+    fn commit_group_offsets(
+        &self,
+        group: &str,
+        offsets: &PendingOffsets,
+    ) -> Result<(), StorageError>;
     /// The committed offsets of `group`.
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError>;
     /// Flushes everything (at shutdown).
@@ -309,6 +316,19 @@ impl Storage for SledStorage {
         self.durable()
     }
 
+    fn commit_group_offsets(
+        &self,
+        group: &str,
+        offsets: &PendingOffsets,
+    ) -> Result<(), StorageError> {
+        let mut batch = sled::Batch::default();
+        for (tp, offset) in offsets {
+            batch.insert(offset_key(group, tp), &offset.to_be_bytes()[..]);
+        }
+        self.offsets.apply_batch(batch)?;
+        self.durable()
+    }
+
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
         let prefix = group_prefix(group);
         let mut out = BTreeMap::new();
@@ -419,6 +439,18 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
+    fn commit_group_offsets(
+        &self,
+        group: &str,
+        offsets: &PendingOffsets,
+    ) -> Result<(), StorageError> {
+        self.with(|s| {
+            let stored = s.offsets.entry(group.to_string()).or_default();
+            stored.extend(offsets.iter().map(|(tp, o)| (tp.clone(), *o)));
+        });
+        Ok(())
+    }
+
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
         Ok(self.with(|s| s.offsets.get(group).cloned().unwrap_or_default()))
     }
@@ -501,6 +533,18 @@ mod tests {
             store.group_marker_fence("gg", 8, 1).unwrap(),
             fence(Some(0), Some(4))
         );
+        // A plain OffsetCommit: offsets only, the fences are untouched.
+        store
+            .commit_group_offsets("g", &[(tp("t", 1), 11), (tp("u", 0), 3)].into())
+            .unwrap();
+        assert_eq!(
+            store.group_offsets("g").unwrap(),
+            [(tp("t", 0), 9), (tp("t", 1), 11), (tp("u", 0), 3)].into()
+        );
+        assert_eq!(
+            store.group_marker_fence("g", 7, 1).unwrap(),
+            fence(Some(2), Some(3))
+        );
         store.flush().unwrap();
     }
 
@@ -521,7 +565,7 @@ mod tests {
         let snap = store.load().unwrap();
         assert_eq!(snap.txns.len(), 3);
         assert_eq!(snap.generation, 4);
-        assert_eq!(store.group_offsets("g").unwrap().len(), 2);
+        assert_eq!(store.group_offsets("g").unwrap().len(), 3);
         assert_eq!(
             store.group_marker_fence("g", 7, 1).unwrap(),
             GroupMarkerFence {

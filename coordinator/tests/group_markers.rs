@@ -75,6 +75,7 @@ impl Marker {
             coordinator_generation: self.generation,
             transactional_id: testkit::auth::id_owned_by(topology, self.coordinator_id),
             auth: None,
+            transaction_version: 2,
         };
         testkit::auth::sign(topology, self.coordinator_id, &mut request);
         let r = client

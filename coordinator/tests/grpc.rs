@@ -98,6 +98,7 @@ async fn misrouted_ids_get_not_coordinator() {
                 transaction_timeout_ms: 0,
                 expected_producer_id: -1,
                 expected_producer_epoch: -1,
+                transaction_version: 2,
             })
             .await
             .unwrap()
@@ -533,6 +534,7 @@ async fn bad_input_gets_a_clear_code_and_stores_nothing() {
                 transaction_timeout_ms: timeout,
                 expected_producer_id: expected.0,
                 expected_producer_epoch: expected.1,
+                transaction_version: 2,
             })
             .await
             .unwrap()

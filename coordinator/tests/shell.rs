@@ -69,6 +69,14 @@ impl Storage for TestStorage {
         self.check()?;
         self.inner.apply_group_marker(write)
     }
+    fn commit_group_offsets(
+        &self,
+        group: &str,
+        offsets: &PendingOffsets,
+    ) -> Result<(), StorageError> {
+        self.check()?;
+        self.inner.commit_group_offsets(group, offsets)
+    }
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
         self.inner.group_offsets(group)
     }

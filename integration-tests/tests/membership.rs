@@ -73,6 +73,7 @@ fn marker(
         }],
         transactional_id: transactional_id.into(),
         auth: None,
+        transaction_version: 2,
     }
 }
 
@@ -233,6 +234,7 @@ async fn forged_group_offset_markers_are_refused() {
         coordinator_generation: 1,
         transactional_id: txid.into(),
         auth: None,
+        transaction_version: 2,
     };
     let mut client = coordinator_client(&group_coordinator.address).await;
     // From "coordinator 999", unsigned; and from the member that does not own the id.
@@ -317,6 +319,7 @@ async fn coordinators_with_different_topologies_never_both_own_an_id() {
     three.coordinators.push(Node {
         id: 3,
         address: "127.0.0.1:1".into(),
+        kafka_address: None,
     });
     three.validate().unwrap();
     cluster.kill(1).await.unwrap();
@@ -338,6 +341,7 @@ async fn coordinators_with_different_topologies_never_both_own_an_id() {
                 transaction_timeout_ms: 60_000,
                 expected_producer_id: -1,
                 expected_producer_epoch: -1,
+                transaction_version: 2,
             })
             .await
             .unwrap()
@@ -383,6 +387,7 @@ async fn coordinators_with_different_topologies_never_both_own_an_id() {
                     transaction_timeout_ms: 60_000,
                     expected_producer_id: -1,
                     expected_producer_epoch: -1,
+                    transaction_version: 2,
                 })
                 .await
                 .unwrap()

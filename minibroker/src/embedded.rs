@@ -1,6 +1,7 @@
 //! [`EmbeddedCluster`]: a whole mini-broker cluster inside one process, for the demo, `dev` and
 //! the integration tests.
 //!
+//! Every node also serves Kafka's protocol on its own loopback port ([`EmbeddedCluster::kafka_bootstrap`]).
 //! It binds every listener on `127.0.0.1:0` first, then writes the topology with the real
 //! addresses to `<dir>/topology.toml`, then starts each node with that topology:
 //! `coordinator::serve` for the coordinators and `partition_leader::serve` for the leaders, each
@@ -120,6 +121,7 @@ struct Running {
 struct NodeSlot {
     role: Role,
     address: SocketAddr,
+    kafka_address: SocketAddr,
     data_dir: PathBuf,
     running: Option<Running>,
     /// A topology this node runs instead of the cluster's (a misconfiguration, for tests).
@@ -172,7 +174,7 @@ impl EmbeddedCluster {
             }
         };
 
-        // 1. Bind every listener, so the topology can name the real addresses.
+        // 1. Bind every listener (gRPC and Kafka), so the topology can name the real addresses.
         let listeners = bind_listeners(&options).await?;
         // 2. The topology, written where the CLI and the nodes read it.
         let topology = topology_of(&options, &listeners)?;
@@ -192,10 +194,11 @@ impl EmbeddedCluster {
         std::fs::write(cluster.secret_path(), cluster.secret.expose())?;
 
         // 3. Start every node on its listener.
-        for (id, role, listener) in listeners {
+        for (id, role, listener, kafka) in listeners {
             let data_dir = dir.join(format!("node-{id}"));
             std::fs::create_dir_all(&data_dir)?;
             let address = listener.local_addr()?;
+            let kafka_address = kafka.local_addr()?;
             let metrics = cluster::metrics::Metrics::new();
             let metrics_endpoint = if cluster.options.metrics_endpoints {
                 let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -211,6 +214,7 @@ impl EmbeddedCluster {
                 NodeSlot {
                     role,
                     address,
+                    kafka_address,
                     data_dir,
                     running: None,
                     topology: None,
@@ -218,13 +222,18 @@ impl EmbeddedCluster {
                     metrics_endpoint,
                 },
             );
-            cluster.spawn(id, listener)?;
+            cluster.spawn(id, listener, kafka)?;
         }
         cluster.wait_ready(Duration::from_secs(20)).await?;
         Ok(cluster)
     }
 
-    fn spawn(&mut self, id: NodeId, listener: TcpListener) -> Result<(), EmbeddedError> {
+    fn spawn(
+        &mut self,
+        id: NodeId,
+        listener: TcpListener,
+        kafka: TcpListener,
+    ) -> Result<(), EmbeddedError> {
         let options = self.options.clone();
         let secret = self.secret.clone();
         let slot = self
@@ -248,7 +257,7 @@ impl EmbeddedCluster {
                 config.cluster_secret = Some(secret);
                 config.peer_check_interval = Duration::from_millis(200);
                 tokio::spawn(async move {
-                    coordinator::serve(config, listener, shutdown)
+                    coordinator::serve_with_kafka(config, listener, Some(kafka), shutdown)
                         .await
                         .map_err(|e| e.to_string())
                 })
@@ -259,7 +268,7 @@ impl EmbeddedCluster {
                 config.cluster_secret = Some(secret);
                 config.metrics = metrics;
                 tokio::spawn(async move {
-                    partition_leader::serve(config, listener, shutdown)
+                    partition_leader::serve_with_kafka(config, listener, Some(kafka), shutdown)
                         .await
                         .map_err(|e| e.to_string())
                 })
@@ -289,6 +298,9 @@ impl EmbeddedCluster {
                         .is_ok(),
                     Err(_) => false,
                 };
+                // A coordinator is ready once it has loaded its state (and checked its peers):
+                // until then it answers COORDINATOR_LOAD_IN_PROGRESS.
+                let ok = ok && (slot.role != Role::Coordinator || loaded(&address).await);
                 if ok {
                     break;
                 }
@@ -322,6 +334,19 @@ impl EmbeddedCluster {
     /// The cluster's directory (topology file and one data directory per node).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Every node's Kafka address, coordinators first: a Kafka client's `bootstrap.servers`.
+    pub fn kafka_bootstrap(&self) -> Vec<String> {
+        self.nodes
+            .values()
+            .map(|s| s.kafka_address.to_string())
+            .collect()
+    }
+
+    /// The Kafka address of node `id`.
+    pub fn kafka_address(&self, id: NodeId) -> Option<SocketAddr> {
+        self.nodes.get(&id).map(|s| s.kafka_address)
     }
 
     /// Every node's address, coordinators first: a bootstrap list.
@@ -412,19 +437,10 @@ impl EmbeddedCluster {
         if slot.running.is_some() {
             return Ok(());
         }
-        let address = slot.address;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listener = loop {
-            match TcpListener::bind(address).await {
-                Ok(l) => break l,
-                Err(e) if Instant::now() < deadline => {
-                    tracing::debug!(%address, error = %e, "rebinding; retrying");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        };
-        self.spawn(id, listener)?;
+        let (address, kafka_address) = (slot.address, slot.kafka_address);
+        let listener = rebind(address).await?;
+        let kafka = rebind(kafka_address).await?;
+        self.spawn(id, listener, kafka)?;
         tracing::info!(node = id, %address, "node restarted");
         Ok(())
     }
@@ -473,6 +489,21 @@ impl EmbeddedCluster {
     }
 }
 
+/// Binds `address` again after a node stopped (retried briefly while the old socket goes away).
+async fn rebind(address: SocketAddr) -> Result<TcpListener, EmbeddedError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpListener::bind(address).await {
+            Ok(l) => return Ok(l),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(%address, error = %e, "rebinding; retrying");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 impl Drop for EmbeddedCluster {
     fn drop(&mut self) {
         for slot in self.nodes.values_mut() {
@@ -486,11 +517,12 @@ impl Drop for EmbeddedCluster {
     }
 }
 
-/// Step 1 of [`EmbeddedCluster::start_with`]: a listener per node (coordinators first), on
-/// `base_port` and up, or on ephemeral ports.
-async fn bind_listeners(
-    options: &EmbeddedOptions,
-) -> Result<Vec<(NodeId, Role, TcpListener)>, EmbeddedError> {
+/// A node's gRPC and Kafka listeners.
+type Listeners = (NodeId, Role, TcpListener, TcpListener);
+
+/// Step 1 of [`EmbeddedCluster::start_with`]: a gRPC listener per node (coordinators first), on
+/// `base_port` and up, or on ephemeral ports; and a Kafka listener per node on an ephemeral port.
+async fn bind_listeners(options: &EmbeddedOptions) -> Result<Vec<Listeners>, EmbeddedError> {
     let mut listeners = Vec::new();
     let ids: Vec<(NodeId, Role)> = (0..options.coordinators)
         .map(|i| (FIRST_COORDINATOR_ID + i as NodeId, Role::Coordinator))
@@ -499,7 +531,8 @@ async fn bind_listeners(
     for (k, (id, role)) in ids.iter().enumerate() {
         let port = options.base_port.map_or(0, |b| b + k as u16);
         let listener = TcpListener::bind(("127.0.0.1", port)).await?;
-        listeners.push((*id, *role, listener));
+        let kafka = TcpListener::bind(("127.0.0.1", 0)).await?;
+        listeners.push((*id, *role, listener, kafka));
     }
     Ok(listeners)
 }
@@ -508,20 +541,21 @@ async fn bind_listeners(
 /// partitions spread round robin over the leaders; validated.
 fn topology_of(
     options: &EmbeddedOptions,
-    listeners: &[(NodeId, Role, TcpListener)],
+    listeners: &[Listeners],
 ) -> Result<Topology, EmbeddedError> {
-    let node = |id: NodeId, l: &TcpListener| -> Result<Node, EmbeddedError> {
+    let node = |id: NodeId, l: &TcpListener, k: &TcpListener| -> Result<Node, EmbeddedError> {
         Ok(Node {
             id,
             address: l.local_addr()?.to_string(),
+            kafka_address: Some(k.local_addr()?.to_string()),
         })
     };
     let mut coordinators = Vec::new();
     let mut leaders = Vec::new();
-    for (id, role, l) in listeners {
+    for (id, role, l, k) in listeners {
         match role {
-            Role::Coordinator => coordinators.push(node(*id, l)?),
-            Role::Leader => leaders.push(node(*id, l)?),
+            Role::Coordinator => coordinators.push(node(*id, l, k)?),
+            Role::Leader => leaders.push(node(*id, l, k)?),
         }
     }
     let topics = options
@@ -542,4 +576,21 @@ fn topology_of(
     };
     topology.validate()?;
     Ok(topology)
+}
+
+/// Whether the coordinator at `address` has loaded its state (ListTransactions answers NONE).
+async fn loaded(address: &str) -> bool {
+    let client = proto::transaction_coordinator_client::TransactionCoordinatorClient::connect(
+        format!("http://{address}"),
+    )
+    .await;
+    let Ok(mut client) = client else {
+        return false;
+    };
+    client
+        .list_transactions(proto::ListTransactionsRequest {
+            state_filters: vec![],
+        })
+        .await
+        .is_ok_and(|r| r.into_inner().error_code == proto::ErrorCode::None as i32)
 }

@@ -488,7 +488,10 @@ async fn find_hanging_and_abort_free_a_held_lso() {
     // Until it has loaded (nothing) and checked its peers it answers LOAD_IN_PROGRESS.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while admin.list_transactions(&[]).await.is_err() {
-        assert!(std::time::Instant::now() < deadline, "coordinator never loaded");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "coordinator never loaded"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(lso_held(&admin, &held).await);

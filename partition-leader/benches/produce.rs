@@ -53,6 +53,7 @@ fn records(n: usize, seq: i64) -> Vec<proto::Record> {
             key: (seq + i as i64).to_be_bytes().to_vec(),
             value: vec![b'x'; RECORD],
             timestamp_ms: 1,
+            headers: Vec::new(),
         })
         .collect()
 }
@@ -170,6 +171,7 @@ impl Row {
                                 key: offset.to_be_bytes().to_vec(),
                                 value: vec![b'x'; RECORD],
                                 timestamp_ms: 1,
+                                headers: Vec::new(),
                             })
                         })
                         .collect();
@@ -223,6 +225,7 @@ async fn transactional_producer(
                 transaction_timeout_ms: 900_000,
                 expected_producer_id: -1,
                 expected_producer_epoch: -1,
+                transaction_version: 2,
             })
             .await
             .unwrap()

@@ -22,6 +22,8 @@
 //!   - `service/fetch.rs`: request checks, the long poll, the storage scan (read-only);
 //!   - `service/marker.rs`: one partition's WriteTxnMarkers.
 //! - [`error`]: the crate's [`Error`] and its single mapping to wire codes.
+//! - [`kafka`]: the Kafka face (Produce, Fetch, ListOffsets, DescribeProducers, idempotent
+//!   InitProducerId) over the same service functions the gRPC handlers call.
 //!
 //! Tests: unit tests of the core in `core/tests.rs`; golden scripts in `testdata/` (run by
 //! `tests/golden.rs` through the shared `testkit` runner); the shell in process in
@@ -48,9 +50,10 @@
 
 pub mod core;
 pub mod error;
+pub mod kafka;
 pub mod service;
 pub mod storage;
 pub mod verify;
 
 pub use error::Error;
-pub use service::{serve, serve_with, LeaderConfig, LeaderService};
+pub use service::{serve, serve_with, serve_with_kafka, LeaderConfig, LeaderService};

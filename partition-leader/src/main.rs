@@ -33,6 +33,10 @@ struct Args {
     /// Largest record accepted, in bytes.
     #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = 1024 * 1024)]
     max_record_bytes: usize,
+    /// Also serve Kafka's protocol here (advertise it as this node's `kafka_address` in the
+    /// topology).
+    #[arg(long = "kafka-listen", env = "KAFKA_LISTEN_ADDR")]
+    kafka_listen: Option<SocketAddr>,
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 0.0.0.0:9404.
     #[arg(long, env = "METRICS_LISTEN")]
     metrics_listen: Option<String>,
@@ -79,6 +83,14 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
+    let kafka_listener = match args.kafka_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding the Kafka listener {address}"))?,
+        ),
+        None => None,
+    };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     if let Some(address) = &args.metrics_listen {
         let (bound, _) =
@@ -91,7 +103,7 @@ async fn main() -> anyhow::Result<()> {
         let _ = stop.send(true);
     });
     let mut stopped = stopped.clone();
-    partition_leader::serve(config, listener, async move {
+    partition_leader::serve_with_kafka(config, listener, kafka_listener, async move {
         let _ = stopped.wait_for(|s| *s).await;
     })
     .await?;

@@ -35,7 +35,7 @@ use cluster::{ProducerId, TopicPartition};
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
-use crate::core::{AbortedTxn, ControlRecord, DataRecord, LogEntry, Plan, ProducerState};
+use crate::core::{AbortedTxn, ControlRecord, DataRecord, Header, LogEntry, Plan, ProducerState};
 use crate::error::{Error, Result};
 
 /// Everything one Produce or marker persists on a partition.
@@ -107,15 +107,22 @@ pub trait Storage: Send + Sync + 'static {
 
 const TAG_DATA: u8 = 0;
 const TAG_CONTROL: u8 = 1;
+/// A data record with headers (records without keep [`TAG_DATA`], so older logs read the same).
+const TAG_DATA_WITH_HEADERS: u8 = 2;
 
 /// Encodes an entry. Data: `0, pid i64, epoch i16, txn u8, ts i64, key_len u32, key, value_len
-/// u32, value`. Control: `1, pid i64, epoch i16, commit u8, coordinator i32, generation i64,
-/// ts i64`. All integers big-endian.
+/// u32, value`; with headers the tag is 2 and `count u32` follows, then per header `key_len u32,
+/// key, null u8` and, unless null, `value_len u32, value`. Control: `1, pid i64, epoch i16,
+/// commit u8, coordinator i32, generation i64, ts i64`. All integers big-endian.
 pub fn encode_entry(entry: &LogEntry) -> Vec<u8> {
     match entry {
         LogEntry::Data(d) => {
             let mut out = Vec::with_capacity(32 + d.key.len() + d.value.len());
-            out.push(TAG_DATA);
+            out.push(if d.headers.is_empty() {
+                TAG_DATA
+            } else {
+                TAG_DATA_WITH_HEADERS
+            });
             out.extend_from_slice(&d.producer_id.to_be_bytes());
             out.extend_from_slice(&d.producer_epoch.to_be_bytes());
             out.push(d.is_transactional as u8);
@@ -124,6 +131,21 @@ pub fn encode_entry(entry: &LogEntry) -> Vec<u8> {
             out.extend_from_slice(&d.key);
             out.extend_from_slice(&(d.value.len() as u32).to_be_bytes());
             out.extend_from_slice(&d.value);
+            if !d.headers.is_empty() {
+                out.extend_from_slice(&(d.headers.len() as u32).to_be_bytes());
+                for h in &d.headers {
+                    out.extend_from_slice(&(h.key.len() as u32).to_be_bytes());
+                    out.extend_from_slice(h.key.as_bytes());
+                    match &h.value {
+                        None => out.push(1),
+                        Some(v) => {
+                            out.push(0);
+                            out.extend_from_slice(&(v.len() as u32).to_be_bytes());
+                            out.extend_from_slice(v);
+                        }
+                    }
+                }
+            }
             out
         }
         LogEntry::Control(c) => {
@@ -168,19 +190,40 @@ impl<'a> Reader<'a> {
         let len = u32::from_be_bytes(self.array()?) as usize;
         Ok(self.take(len)?.to_vec())
     }
+    fn headers(&mut self) -> Result<Vec<Header>> {
+        let count = u32::from_be_bytes(self.array()?) as usize;
+        // Each header takes at least 5 bytes: never reserve more than the bytes left allow.
+        let mut headers = Vec::with_capacity(count.min(self.0.len() / 5));
+        for _ in 0..count {
+            let key = String::from_utf8(self.bytes()?)
+                .map_err(|_| Error::Storage("corrupt log entry: header key".into()))?;
+            let value = if self.bool()? {
+                None
+            } else {
+                Some(self.bytes()?)
+            };
+            headers.push(Header { key, value });
+        }
+        Ok(headers)
+    }
 }
 
 /// Decodes what [`encode_entry`] wrote; corrupt input is a storage error, never a panic.
 pub fn decode_entry(bytes: &[u8]) -> Result<LogEntry> {
     let mut r = Reader(bytes);
     let entry = match r.u8()? {
-        TAG_DATA => LogEntry::Data(DataRecord {
+        tag @ (TAG_DATA | TAG_DATA_WITH_HEADERS) => LogEntry::Data(DataRecord {
             producer_id: i64::from_be_bytes(r.array()?),
             producer_epoch: i16::from_be_bytes(r.array()?),
             is_transactional: r.bool()?,
             timestamp_ms: i64::from_be_bytes(r.array()?),
             key: r.bytes()?,
             value: r.bytes()?,
+            headers: if tag == TAG_DATA_WITH_HEADERS {
+                r.headers()?
+            } else {
+                Vec::new()
+            },
         }),
         TAG_CONTROL => LogEntry::Control(ControlRecord {
             producer_id: i64::from_be_bytes(r.array()?),
@@ -474,6 +517,7 @@ mod tests {
             key: b"k".to_vec(),
             value: value.to_vec(),
             timestamp_ms: 1234,
+            headers: Vec::new(),
         })
     }
 
@@ -569,9 +613,40 @@ mod tests {
         loaded
     }
 
+    /// A data record with a header and a null-valued header.
+    fn with_headers() -> LogEntry {
+        let LogEntry::Data(mut d) = data(3, b"v") else {
+            unreachable!()
+        };
+        d.headers = vec![
+            Header {
+                key: "trace".into(),
+                value: Some(b"abc".to_vec()),
+            },
+            Header {
+                key: "nothing".into(),
+                value: None,
+            },
+        ];
+        LogEntry::Data(d)
+    }
+
+    #[test]
+    fn records_without_headers_keep_the_original_encoding() {
+        let bytes = encode_entry(&data(1, b"value"));
+        assert_eq!(bytes[0], TAG_DATA);
+        let bytes = encode_entry(&with_headers());
+        assert_eq!(bytes[0], TAG_DATA_WITH_HEADERS);
+        // A forged header count cannot make the decoder reserve much.
+        let mut forged = encode_entry(&data(1, b"v"));
+        forged[0] = TAG_DATA_WITH_HEADERS;
+        forged.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode_entry(&forged).is_err());
+    }
+
     #[test]
     fn codec_round_trips_and_rejects_corruption() {
-        for e in [data(1, b"value"), data(-1, b""), control()] {
+        for e in [data(1, b"value"), data(-1, b""), control(), with_headers()] {
             let bytes = encode_entry(&e);
             assert_eq!(decode_entry(&bytes).unwrap(), e);
             for cut in 0..bytes.len() {

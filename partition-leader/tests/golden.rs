@@ -82,6 +82,7 @@ impl Runner for Leader {
                             key: vec![],
                             value: vec![1],
                             timestamp_ms: 0,
+                            headers: Vec::new(),
                         })
                         .collect(),
                 };
@@ -126,6 +127,11 @@ impl Runner for Leader {
                     commit: flags.iter().any(|f| f == "commit"),
                     coordinator_id: 1,
                     coordinator_generation: kv.get("gen").copied().unwrap_or(0),
+                    transaction_version: if flags.iter().any(|f| f == "v1") {
+                        1
+                    } else {
+                        2
+                    },
                 };
                 match self.state.plan_marker(&marker, 0) {
                     Err(e) => code(e),

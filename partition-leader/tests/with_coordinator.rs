@@ -92,6 +92,7 @@ async fn init(c: &mut TransactionCoordinatorClient<Channel>, id: &str) -> (i64, 
         transaction_timeout_ms: 60_000,
         expected_producer_id: -1,
         expected_producer_epoch: -1,
+        transaction_version: 2,
     }));
     assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
     (r.producer_id, r.producer_epoch)

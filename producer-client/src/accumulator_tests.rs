@@ -19,6 +19,7 @@ fn rec(i: u32) -> Record {
         key: vec![],
         value: format!("v{i:04}").into_bytes(),
         timestamp_ms: 0,
+        headers: vec![],
     }
 }
 

@@ -200,6 +200,8 @@ impl RawRequests {
             transaction_timeout_ms,
             expected_producer_id,
             expected_producer_epoch,
+            // Transaction version 2: every transaction ends with an epoch bump.
+            transaction_version: 2,
         };
         let r = coordinator_rpc(
             &self.conn,
@@ -293,6 +295,7 @@ impl RawRequests {
             partitions: vec![tp.clone().into()],
             transactional_id: transactional_id.to_string(),
             auth: None,
+            transaction_version: 2,
         };
         cluster::auth::sign(credentials, &mut request, cluster::node::now_ms());
         let response = self

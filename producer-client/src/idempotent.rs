@@ -40,6 +40,8 @@ pub(crate) async fn init_producer_id(conn: &Connections) -> Result<(i64, i16)> {
                 transaction_timeout_ms: conn.config().transaction_timeout_ms,
                 expected_producer_id: -1,
                 expected_producer_epoch: -1,
+                // Transaction version 2: every transaction ends with an epoch bump.
+                transaction_version: 2,
             };
             let result = conn
                 .rpc(

@@ -41,6 +41,7 @@ pub(crate) fn records(key: &[u8], values: Vec<Vec<u8>>) -> Vec<Record> {
             key: key.to_vec(),
             value,
             timestamp_ms,
+            headers: Vec::new(),
         })
         .collect()
 }

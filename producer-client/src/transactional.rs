@@ -247,6 +247,8 @@ impl TransactionalProducer {
             transaction_timeout_ms: self.conn.config().transaction_timeout_ms,
             expected_producer_id,
             expected_producer_epoch,
+            // Transaction version 2: every transaction ends with an epoch bump.
+            transaction_version: 2,
         };
         let response = self
             .coordinator_request(

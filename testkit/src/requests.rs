@@ -65,6 +65,7 @@ pub fn markers(
         coordinator_generation: generation,
         transactional_id: String::new(),
         auth: None,
+        transaction_version: 2,
         partitions: partitions
             .iter()
             .map(|(topic, partition)| proto::TopicPartition {
@@ -96,6 +97,7 @@ pub fn batch(
                 key: key.to_vec(),
                 value: v.as_bytes().to_vec(),
                 timestamp_ms,
+                headers: Vec::new(),
             })
             .collect(),
     }

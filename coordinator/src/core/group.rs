@@ -5,7 +5,7 @@
 use cluster::marker_fence::{self, Decision, Fenced};
 use cluster::{NodeId, ProducerEpoch, ProducerId};
 
-use super::{PendingOffsets, TxnError, TxnResult};
+use super::{PendingOffsets, TransactionVersion, TxnError, TxnResult};
 
 /// A WriteGroupOffsetMarker as the group's coordinator receives it: the end of a transaction
 /// that included the group, sent by the transaction's coordinator.
@@ -15,8 +15,8 @@ pub struct GroupMarker {
     pub group_id: String,
     /// The transaction's PID.
     pub producer_id: ProducerId,
-    /// The bumped epoch the transaction ended with (unique and increasing per PID, because
-    /// every transaction ends with a bump).
+    /// The epoch the transaction ended with: bumped, so unique and increasing per PID, under
+    /// transaction version 2; the transaction's own epoch under version 1.
     pub epoch: ProducerEpoch,
     /// COMMIT or ABORT.
     pub result: TxnResult,
@@ -26,6 +26,9 @@ pub struct GroupMarker {
     pub coordinator_id: NodeId,
     /// The sender's generation (bumped at each of its starts).
     pub coordinator_generation: i64,
+    /// The transaction's client transaction version: under version 1 transactions of a PID
+    /// share an epoch, so an equal epoch is the next transaction, not a repeat.
+    pub transaction_version: TransactionVersion,
 }
 
 /// What the group's coordinator has recorded, for one group, about a marker's sender: the
@@ -62,6 +65,7 @@ pub struct GroupMarkerWrite {
 /// | epoch below the PID's recorded epoch          | INVALID_PRODUCER_EPOCH         | nothing |
 /// | generation below the coordinator's recorded   | TRANSACTION_COORDINATOR_FENCED | nothing |
 /// | epoch equal (the same marker again)           | NONE                           | only a higher generation, no offsets |
+/// | epoch equal, transaction version 1            | NONE                           | as for a higher epoch |
 /// | epoch above, or a PID never seen              | NONE                           | COMMIT: offsets; both: epoch + generation |
 ///
 /// Why this is enough: every transaction ends with an epoch bump, so each transaction's
@@ -82,6 +86,7 @@ pub fn write_group_marker(
         offsets,
         coordinator_id,
         coordinator_generation,
+        transaction_version,
     } = marker;
     if producer_id < 0 || epoch < 0 || coordinator_generation < 0 {
         return Err(TxnError::InvalidRequest(format!(
@@ -101,11 +106,17 @@ pub fn write_group_marker(
             ))
         }
     };
-    let offsets = match marker_fence::check(*fence, epoch, coordinator_generation) {
+    let decision = match marker_fence::check(*fence, epoch, coordinator_generation) {
         Err(fenced) => return Err(recorded(fenced)),
-        Ok(Decision::Nothing) => return Ok(None),
-        Ok(Decision::RecordGeneration) => PendingOffsets::new(),
-        Ok(Decision::Apply) => match result {
+        // Version 1 keeps the epoch across transactions: an equal epoch is applied again (a true
+        // repeat writes the same offsets; Kafka's version 1 has the same hole for a late repeat).
+        Ok(_) if transaction_version == TransactionVersion::V1 => Decision::Apply,
+        Ok(decision) => decision,
+    };
+    let offsets = match decision {
+        Decision::Nothing => return Ok(None),
+        Decision::RecordGeneration => PendingOffsets::new(),
+        Decision::Apply => match result {
             TxnResult::Commit => offsets,
             TxnResult::Abort => PendingOffsets::new(),
         },
@@ -137,6 +148,7 @@ mod tests {
             offsets: [(TopicPartition::new("t", 0), 42)].into(),
             coordinator_id: 1,
             coordinator_generation: generation,
+            transaction_version: TransactionVersion::V2,
         }
     }
 
@@ -259,5 +271,21 @@ mod tests {
                 Err(TxnError::InvalidRequest(_))
             ));
         }
+    }
+
+    #[test]
+    fn v1_group_marker_at_an_applied_epoch_is_the_next_transaction() {
+        let mut marker = group_marker(7, 3, 2);
+        marker.transaction_version = TransactionVersion::V1;
+        marker.offsets = [(TopicPartition::new("t", 0), 50)].into();
+        let write = write_group_marker(&fence(Some(3), Some(2)), marker)
+            .unwrap()
+            .expect("applied");
+        assert_eq!(write.offsets[&TopicPartition::new("t", 0)], 50);
+        // Version 2: the same epoch is a repeat, nothing is written.
+        assert_eq!(
+            write_group_marker(&fence(Some(3), Some(2)), group_marker(7, 3, 2)).unwrap(),
+            None
+        );
     }
 }

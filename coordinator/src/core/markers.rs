@@ -14,6 +14,8 @@ use super::*;
 pub struct MarkerJob {
     /// The transaction's id.
     pub transactional_id: TransactionalId,
+    /// Version 1: the markers carry the epoch the data was written with, not a bumped one.
+    pub transaction_version: TransactionVersion,
     /// (PID, bumped epoch) the markers carry.
     pub identity: ProducerIdAndEpoch,
     /// COMMIT or ABORT.

@@ -73,7 +73,13 @@
 //!   markers go through the log of `__consumer_offsets`); here they are direct RPCs, so a late
 //!   COMMIT must be refused explicitly or it could move a group's offsets backwards.
 //!
-//! CAVEATS: no transaction version 1 (every transaction ends with a bump); no two-phase
+//! Transaction version 1 (Kafka clients without KIP-890 part 2): an id records its client's
+//! version at InitProducerId ([`init_producer_id_for_version`]); for version 1, [`end_txn`]
+//! hands over to [`end_txn_v1`] (the epoch is kept, markers carry it), and a group marker at an
+//! already applied epoch is the next transaction. Fencing and the timeout abort bump the epoch
+//! for both versions.
+//!
+//! CAVEATS: no two-phase
 //! "PrepareEpochFence" state (the fence is a PrepareAbort); no expiry of idle transactional ids
 //! (Kafka's `transactional.id.expiration.ms`), nor of a group's per-PID and per-coordinator
 //! fencing records; the timeout of a Prepare* is never checked (markers are retried until
@@ -96,8 +102,9 @@ pub use group::{write_group_marker, GroupMarker, GroupMarkerFence, GroupMarkerWr
 pub use markers::{complete_markers, marker_reply, marker_unroutable, MarkerJob, MarkerReply};
 pub use pid::{PidAllocation, PidAllocator, PID_BLOCK_SIZE};
 pub use txn::{
-    add_offsets, add_partitions, check_producer, end_txn, expire_timed_out, init_producer_id,
-    is_timed_out, txn_offset_commit, validate_id, validate_timeout, verify_transaction,
+    add_offsets, add_partitions, check_producer, end_txn, end_txn_v1, expire_timed_out,
+    init_producer_id, init_producer_id_for_version, is_timed_out, txn_offset_commit, validate_id,
+    validate_timeout, verify_transaction,
 };
 
 /// A transactional id, chosen by the application.
@@ -215,6 +222,37 @@ impl std::fmt::Display for ProducerIdAndEpoch {
     }
 }
 
+/// Kafka's client transaction version (KIP-890, Kafka's `clientTransactionVersion`): which
+/// EndTxn rules apply to a transactional id. Recorded at InitProducerId, from the client's face.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TransactionVersion {
+    /// Version 1, for Kafka clients without KIP-890 part 2 (librdkafka, kafka-python): EndTxn
+    /// keeps the epoch and the markers carry it ([`end_txn_v1`]).
+    V1,
+    /// Version 2, our client: every transaction ends with an epoch bump ([`end_txn`]).
+    #[default]
+    V2,
+}
+
+impl TransactionVersion {
+    /// From a wire value: 1 is version 1; 0 (unset) and 2 are version 2; anything else `None`.
+    pub fn from_wire(value: i32) -> Option<Self> {
+        match value {
+            1 => Some(Self::V1),
+            0 | 2 => Some(Self::V2),
+            _ => None,
+        }
+    }
+
+    /// The wire value (1 or 2).
+    pub fn to_wire(self) -> i32 {
+        match self {
+            Self::V1 => 1,
+            Self::V2 => 2,
+        }
+    }
+}
+
 /// Pending offsets of one consumer group in a transaction (visible only after commit).
 pub type PendingOffsets = BTreeMap<TopicPartition, i64>;
 
@@ -248,6 +286,10 @@ pub struct TxnMetadata {
     pub last_update_ms: i64,
     /// (beyond Kafka) The latest bump was the timeout scan's abort.
     pub timed_out: bool,
+    /// The client transaction version of the producer that last called InitProducerId (records
+    /// written before versions existed read as version 2).
+    #[serde(default)]
+    pub client_transaction_version: TransactionVersion,
     /// (beyond Kafka) The last [`MAX_EPOCH_HISTORY`] epoch changes, oldest first: what
     /// `transactions history` shows. Stored with the rest (absent in older values: empty).
     #[serde(default)]
@@ -341,6 +383,7 @@ impl TxnMetadata {
             txn_start_ms: -1,
             last_update_ms: now_ms,
             timed_out: false,
+            client_transaction_version: TransactionVersion::V2,
             history: Vec::new(),
         }
     }
@@ -457,6 +500,7 @@ impl TxnMetadata {
         let result = TxnResult::of_state(self.state).filter(|_| self.state.is_prepare())?;
         Some(MarkerJob {
             transactional_id: self.transactional_id.clone(),
+            transaction_version: self.client_transaction_version,
             identity: self.marker_identity(),
             result,
             partitions: self.partitions.clone(),

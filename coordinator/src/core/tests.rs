@@ -1188,6 +1188,158 @@ fn random_interleavings_keep_the_invariants() {
     );
 }
 
+// ---- transaction version 1: one test per rule that differs from version 2 ----------------
+
+impl World {
+    /// A version-1 client: InitProducerId recorded the version; an Ongoing transaction.
+    fn ongoing_v1() -> (Self, ProducerIdAndEpoch) {
+        let mut w = World::new();
+        let id = w
+            .apply(|w, pid| {
+                init_producer_id_for_version(
+                    ID,
+                    w.meta.as_ref(),
+                    TIMEOUT,
+                    None,
+                    w.now,
+                    pid,
+                    TransactionVersion::V1,
+                )
+            })
+            .reply
+            .unwrap();
+        assert_eq!(w.meta().client_transaction_version, TransactionVersion::V1);
+        w.add(id, &[0, 1]).reply.unwrap();
+        (w, id)
+    }
+}
+
+#[test]
+fn v1_init_producer_id_records_the_version_and_v2_takes_it_back() {
+    let (mut w, id) = World::ongoing_v1();
+    w.end(id, TxnResult::Commit).reply.unwrap();
+    w.complete();
+    // Our own client's InitProducerId (version 2) switches the id back.
+    let out = w.apply(|w, pid| {
+        init_producer_id_for_version(
+            ID,
+            w.meta.as_ref(),
+            TIMEOUT,
+            None,
+            w.now,
+            pid,
+            TransactionVersion::V2,
+        )
+    });
+    assert_eq!(out.reply.unwrap().epoch, id.epoch + 1);
+    assert_eq!(w.meta().client_transaction_version, TransactionVersion::V2);
+    // A retry that changes nothing but the version still writes it.
+    let meta = w.meta().clone();
+    let mut last = meta.clone();
+    last.last_epoch = meta.producer_epoch - 1;
+    let retry = ProducerIdAndEpoch::new(meta.producer_id, meta.producer_epoch - 1);
+    let out = init_producer_id_for_version(
+        ID,
+        Some(&last),
+        TIMEOUT,
+        Some(retry),
+        NOW,
+        None,
+        TransactionVersion::V1,
+    );
+    assert_eq!(out.reply.unwrap(), meta.client_identity());
+    assert_eq!(
+        out.persist.unwrap().client_transaction_version,
+        TransactionVersion::V1
+    );
+}
+
+#[test]
+fn v1_end_txn_keeps_the_epoch_and_markers_carry_it() {
+    let (mut w, id) = World::ongoing_v1();
+    let out = w.end(id, TxnResult::Commit);
+    assert_eq!(out.reply.unwrap(), id, "no bump");
+    assert_eq!(w.meta().state, TxnState::PrepareCommit);
+    let job = out.markers.unwrap();
+    assert_eq!(job.identity, id, "markers carry the data's epoch");
+    assert_eq!(job.transaction_version, TransactionVersion::V1);
+    w.complete();
+    assert_eq!(w.meta().state, TxnState::CompleteCommit);
+    assert_eq!(w.meta().client_identity(), id);
+    // The next transaction runs at the same epoch.
+    w.add(id, &[1]).reply.unwrap();
+    assert_eq!(w.end(id, TxnResult::Abort).markers.unwrap().identity, id);
+}
+
+#[test]
+fn v1_end_txn_retries_and_wrong_decisions() {
+    let (mut w, id) = World::ongoing_v1();
+    w.end(id, TxnResult::Commit).reply.unwrap();
+    // Prepare*: a retry is CONCURRENT_TRANSACTIONS.
+    assert_eq!(
+        code(&w.end(id, TxnResult::Commit)),
+        "CONCURRENT_TRANSACTIONS"
+    );
+    w.complete();
+    // Complete*: the same decision is OK without a write, the other one INVALID_TXN_STATE.
+    let out = w.end(id, TxnResult::Commit);
+    assert_eq!((out.reply, out.persist), (Ok(id), None));
+    assert_eq!(code(&w.end(id, TxnResult::Abort)), "INVALID_TXN_STATE");
+}
+
+#[test]
+fn v1_end_txn_in_empty_commit_is_invalid_abort_is_a_no_op() {
+    let (w, id) = World::ongoing_v1();
+    let mut empty = w.meta().clone();
+    empty.state = TxnState::Empty;
+    empty.partitions.clear();
+    let out = end_txn(ID, Some(&empty), id, TxnResult::Abort, NOW, None);
+    assert_eq!((out.reply, out.persist), (Ok(id), None));
+    let out = end_txn(ID, Some(&empty), id, TxnResult::Commit, NOW, None);
+    assert_eq!(code(&out), "INVALID_TXN_STATE");
+}
+
+#[test]
+fn v1_end_txn_from_an_older_epoch_is_fenced_without_a_retry_window() {
+    let (mut w, id) = World::ongoing_v1();
+    // A newer instance fences the open transaction (a bump, as in version 2).
+    assert_eq!(code(&w.init(None)), "CONCURRENT_TRANSACTIONS");
+    w.complete();
+    assert!(w.meta().client_identity().epoch > id.epoch);
+    assert_eq!(code(&w.end(id, TxnResult::Commit)), "PRODUCER_FENCED");
+    assert_eq!(code(&w.end(id, TxnResult::Abort)), "PRODUCER_FENCED");
+    let stranger = ProducerIdAndEpoch::new(id.producer_id + 99, 0);
+    assert_eq!(
+        code(&w.end(stranger, TxnResult::Abort)),
+        "INVALID_PRODUCER_ID_MAPPING"
+    );
+}
+
+#[test]
+fn transaction_versions_from_the_wire() {
+    assert_eq!(
+        TransactionVersion::from_wire(0),
+        Some(TransactionVersion::V2)
+    );
+    assert_eq!(
+        TransactionVersion::from_wire(1),
+        Some(TransactionVersion::V1)
+    );
+    assert_eq!(
+        TransactionVersion::from_wire(2),
+        Some(TransactionVersion::V2)
+    );
+    assert_eq!(TransactionVersion::from_wire(3), None);
+    assert_eq!(TransactionVersion::V1.to_wire(), 1);
+    // Records stored before versions existed read as version 2.
+    let mut json = serde_json::to_value(TxnMetadata::new(ID, 1, TIMEOUT, NOW)).unwrap();
+    json.as_object_mut()
+        .unwrap()
+        .remove("client_transaction_version");
+    let meta: TxnMetadata = serde_json::from_value(json).unwrap();
+    assert_eq!(meta.client_transaction_version, TransactionVersion::V2);
+}
+
 #[test]
 fn the_epoch_history_keeps_the_last_changes_only() {
     let mut meta = TxnMetadata::new("h", 7, 60_000, 0);

@@ -146,6 +146,40 @@ fn check_add<'a>(
     Ok(meta)
 }
 
+/// [`init_producer_id`] for a client of transaction `version`: the same rules, and the id
+/// records the version (Kafka's `clientTransactionVersion`), which decides the rules of its
+/// EndTxn ([`end_txn`] or [`end_txn_v1`]) and of its markers. A successful call whose metadata
+/// would not change otherwise still writes the new version.
+#[allow(clippy::too_many_arguments)]
+pub fn init_producer_id_for_version(
+    id: &str,
+    meta: Option<&TxnMetadata>,
+    timeout_ms: i32,
+    expected: Option<ProducerIdAndEpoch>,
+    now_ms: i64,
+    fresh_pid: Option<ProducerId>,
+    version: TransactionVersion,
+) -> Outcome {
+    let mut outcome = init_producer_id(id, meta, timeout_ms, expected, now_ms, fresh_pid);
+    if outcome.reply.is_err() {
+        return outcome;
+    }
+    match (&mut outcome.persist, meta) {
+        (Some(next), _) => {
+            // The fence of an open transaction (step 6) answers CONCURRENT_TRANSACTIONS, so the
+            // reply is Ok only when the new metadata is the caller's.
+            next.client_transaction_version = version;
+        }
+        (None, Some(meta)) if meta.client_transaction_version != version => {
+            let mut next = meta.clone();
+            next.client_transaction_version = version;
+            outcome.persist = Some(next);
+        }
+        (None, _) => {}
+    }
+    outcome
+}
+
 /// Opens the transaction if needed (start time set when leaving Empty/Complete*).
 fn begin(meta: &TxnMetadata, now_ms: i64) -> TxnMetadata {
     let mut next = meta.clone();
@@ -253,7 +287,8 @@ pub fn txn_offset_commit(
     Outcome::write(next, Ok(caller))
 }
 
-/// EndTxn (section 6): one epoch per transaction.
+/// EndTxn (section 6): one epoch per transaction. An id whose client is on transaction
+/// version 1 gets [`end_txn_v1`]'s rules instead.
 pub fn end_txn(
     id: &str,
     meta: Option<&TxnMetadata>,
@@ -262,6 +297,9 @@ pub fn end_txn(
     now_ms: i64,
     fresh_pid: Option<ProducerId>,
 ) -> Outcome {
+    if meta.is_some_and(|m| m.client_transaction_version == TransactionVersion::V1) {
+        return end_txn_v1(id, meta, caller, result, now_ms);
+    }
     let Some(meta) = meta.filter(|m| m.knows_pid(caller.producer_id)) else {
         return Outcome::reject(TxnError::InvalidProducerIdMapping(format!(
             "{id}: unknown transactional id or pid {}",
@@ -331,6 +369,55 @@ pub fn end_txn(
         };
     }
     Outcome::reject(meta.stale_producer_error(caller))
+}
+
+/// EndTxn for a client on transaction version 1 (PROTOCOL.md section 6, "Transaction version
+/// 1"): the epoch is kept, so the transaction's markers carry the epoch its data was written
+/// with, and only the current (PID, epoch) may end it:
+///
+/// | state (caller is current)      | COMMIT                     | ABORT                      |
+/// |--------------------------------|----------------------------|----------------------------|
+/// | Ongoing                        | PrepareCommit, same epoch  | PrepareAbort, same epoch   |
+/// | PrepareCommit / PrepareAbort   | CONCURRENT_TRANSACTIONS    | CONCURRENT_TRANSACTIONS    |
+/// | CompleteCommit                 | OK (a retry), no write     | INVALID_TXN_STATE          |
+/// | CompleteAbort                  | INVALID_TXN_STATE          | OK (a retry), no write     |
+/// | Empty                          | INVALID_TXN_STATE          | OK, no write               |
+///
+/// Any other epoch of the id's PID is PRODUCER_FENCED (TRANSACTION_TIMED_OUT for the producer
+/// the timeout scan aborted): version 1 has no "last epoch" retry, since EndTxn never bumps.
+/// An unknown id or PID is INVALID_PRODUCER_ID_MAPPING.
+pub fn end_txn_v1(
+    id: &str,
+    meta: Option<&TxnMetadata>,
+    caller: ProducerIdAndEpoch,
+    result: TxnResult,
+    now_ms: i64,
+) -> Outcome {
+    let meta = match check_producer(id, meta, caller) {
+        Ok(meta) => meta,
+        Err(e) => return Outcome::reject(e),
+    };
+    match meta.state {
+        TxnState::Ongoing => {
+            let mut next = meta.clone();
+            next.state = result.prepare_state();
+            next.last_update_ms = now_ms;
+            next.timed_out = false;
+            Outcome::write(next, Ok(caller))
+        }
+        TxnState::PrepareCommit | TxnState::PrepareAbort => Outcome::reject(concurrent(meta)),
+        TxnState::CompleteCommit | TxnState::CompleteAbort | TxnState::Empty => {
+            let decided = TxnResult::of_state(meta.state);
+            if decided == Some(result) || (decided.is_none() && result == TxnResult::Abort) {
+                Outcome::unchanged(caller)
+            } else {
+                Outcome::reject(TxnError::InvalidTxnState(format!(
+                    "{id}: no open transaction to {result:?} ({})",
+                    meta.state
+                )))
+            }
+        }
+    }
 }
 
 /// VerifyTransaction (KIP-890 part 1, PROTOCOL.md section 9 step 4): may `caller` open a

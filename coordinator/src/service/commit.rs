@@ -188,6 +188,13 @@ mod tests {
         fn apply_group_marker(&self, write: &GroupMarkerWrite) -> Result<(), StorageError> {
             self.inner.apply_group_marker(write)
         }
+        fn commit_group_offsets(
+            &self,
+            group: &str,
+            offsets: &PendingOffsets,
+        ) -> Result<(), StorageError> {
+            self.inner.commit_group_offsets(group, offsets)
+        }
         fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
             self.inner.group_offsets(group)
         }

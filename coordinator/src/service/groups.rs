@@ -1,6 +1,7 @@
 //! The group room: this node as the coordinator of consumer groups. The receiving side of
 //! group markers (fenced by [`core::write_group_marker`] over the shared
-//! [`cluster::marker_fence`] rule) and OffsetFetch. The only room that writes
+//! [`cluster::marker_fence`] rule), OffsetFetch, and Kafka's OffsetCommit outside a
+//! transaction (the Kafka face checks the group membership first). The only room that writes
 //! `__consumer_offsets` and `__group_marker_state`.
 
 use std::sync::Arc;
@@ -62,6 +63,31 @@ impl Shared {
                 Ok(())
             }
         }
+    }
+
+    /// Kafka's OffsetCommit outside a transaction: every partition must exist
+    /// (UNKNOWN_TOPIC_OR_PARTITION, nothing written), then the offsets are written durably under
+    /// the group's lock, which the group markers take too.
+    pub(super) async fn offset_commit(
+        &self,
+        group: String,
+        offsets: Vec<(TopicPartition, i64)>,
+    ) -> Result<(), Error> {
+        if let Some((tp, _)) = offsets
+            .iter()
+            .find(|(tp, _)| !self.topology.partition_exists(&tp.topic, tp.partition))
+        {
+            return Err(Error::Protocol(core::TxnError::UnknownTopicOrPartition(
+                format!("{tp} does not exist; no offset was committed"),
+            )));
+        }
+        self.check_owner(&group)?;
+        let lock = self.group_lock(&group);
+        let _guard = lock.lock().await;
+        let checked: core::PendingOffsets = offsets.into_iter().collect();
+        self.blocking(move |st| st.commit_group_offsets(&group, &checked))
+            .await?;
+        Ok(())
     }
 
     /// OffsetFetch: the committed offsets of `group` for `partitions` (-1 where none), or all of

@@ -205,6 +205,7 @@ impl Shared {
             partitions: partitions.iter().cloned().map(Into::into).collect(),
             transactional_id: job.transactional_id.clone(),
             auth: None,
+            transaction_version: job.transaction_version.to_wire(),
         };
         self.sign(&mut request);
         let reply = self.write_txn_markers_queued(address, request).await;
@@ -260,6 +261,7 @@ impl Shared {
                 offsets: offsets.get(&group).cloned().unwrap_or_default(),
                 coordinator_id: self.node_id,
                 coordinator_generation: self.generation(),
+                transaction_version: job.transaction_version,
             };
             let answer = if node == self.node_id {
                 let (code, message) = code_of(&self.write_group_marker(marker).await);

@@ -19,6 +19,8 @@
 //!   transactions in one WriteTxnMarkersBatch (one WriteTxnMarkers each to a leader without it).
 //! - `groups`: the receiving side of group markers and OffsetFetch: the only room that writes
 //!   `__consumer_offsets` and `__group_marker_state`.
+//! - `local`: what the Kafka face ([`crate::kafka`]) calls in-process: the same decoding and
+//!   room methods as `grpc`, answering with the domain result or the [`Error`].
 //! - `membership`: signing the internal requests this node sends, authenticating the ones it
 //!   receives ([`cluster::auth`]), and the topology agreement with its peers; touches no storage.
 //! - `commit`: the group commit writer: `state`'s writes of `__transaction_state` for different
@@ -94,6 +96,7 @@ mod commit;
 mod groups;
 mod grpc;
 mod leader_queue;
+mod local;
 mod markers;
 mod membership;
 mod state;
@@ -120,6 +123,7 @@ use crate::storage::{SledStorage, Storage, StorageError};
 use crate::Error;
 
 pub use crate::error::error_code;
+pub(crate) use local::LocalService;
 pub use wire::MAX_LIST_LEN;
 
 /// Default of [`CoordinatorConfig::max_prepare_wait`].
@@ -197,6 +201,16 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    serve_with_kafka(config, listener, None, shutdown).await
+}
+
+/// [`serve`], plus Kafka's protocol on `kafka_listener` when given (see [`crate::kafka`]).
+pub async fn serve_with_kafka(
+    config: CoordinatorConfig,
+    listener: tokio::net::TcpListener,
+    kafka_listener: Option<tokio::net::TcpListener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     config.coordinator_index()?;
     let dir = config.data_dir.clone();
     let open_dir = dir.clone();
@@ -204,7 +218,7 @@ pub async fn serve(
         .await
         .map_err(|e| StorageError::Task(e.to_string()))??;
     let storage: Arc<dyn Storage> = Arc::new(storage);
-    let result = serve_with_storage(config, storage.clone(), listener, shutdown).await;
+    let result = serve_inner(config, storage.clone(), listener, kafka_listener, shutdown).await;
     // Every task was joined: this is the last reference, and closing it releases the lock file.
     node::close_sled(storage, dir, node::SLED_LOCK_WAIT)
         .await
@@ -218,6 +232,16 @@ pub async fn serve_with_storage(
     config: CoordinatorConfig,
     storage: Arc<dyn Storage>,
     listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    serve_inner(config, storage, listener, None, shutdown).await
+}
+
+async fn serve_inner(
+    config: CoordinatorConfig,
+    storage: Arc<dyn Storage>,
+    listener: tokio::net::TcpListener,
+    kafka_listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let topology = config.topology.clone();
@@ -279,6 +303,22 @@ pub async fn serve_with_storage(
             let _ = server_stop.wait_for(|stopped| *stopped).await;
         });
     let server = tokio::spawn(server);
+    if let Some(kafka_listener) = kafka_listener {
+        // Joined with the other background tasks below, so it ends before the storage closes.
+        let kafka_config = kafka_wire::ServerConfig::new(shared.node_id, shared.topology.clone());
+        let handler = Arc::new(crate::kafka::KafkaCoordinator::new(LocalService::new(
+            shared.clone(),
+        )));
+        let mut stopped = shared.stop.subscribe();
+        shared.spawn(async move {
+            let stop = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            if let Err(e) = kafka_wire::serve(kafka_listener, kafka_config, handler, stop).await {
+                tracing::warn!("kafka listener failed: {e}");
+            }
+        });
+    }
     // The first check before loading: once loaded, the coordinator knows whether it may serve.
     shared.refresh_peers().await;
     let peers = shared.clone();

@@ -255,6 +255,7 @@ impl Shared {
             id,
             timeout_ms,
             expected,
+            version,
         }) = request
         else {
             self.check_loaded()?;
@@ -264,7 +265,7 @@ impl Shared {
         };
         let now = now_ms();
         self.on_id(&id, true, |meta, pid| {
-            core::init_producer_id(&id, meta, timeout_ms, expected, now, pid)
+            core::init_producer_id_for_version(&id, meta, timeout_ms, expected, now, pid, version)
         })
         .await
     }

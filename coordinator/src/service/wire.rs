@@ -9,7 +9,7 @@ use cluster::TopicPartition;
 use proto::ErrorCode;
 
 use crate::core::{self, GroupMarker, PendingOffsets, ProducerIdAndEpoch, TxnMetadata};
-use crate::core::{TxnError, TxnResult, TxnState};
+use crate::core::{TransactionVersion, TxnError, TxnResult, TxnState};
 use crate::error::{error_code, Error};
 
 /// Longest list (partitions, offsets, ids) accepted in one request.
@@ -29,6 +29,8 @@ pub(super) struct InitProducerId {
     pub(super) id: String,
     pub(super) timeout_ms: i32,
     pub(super) expected: Option<ProducerIdAndEpoch>,
+    /// The client's transaction version (KIP-890): 1 for Kafka clients, 2 (or unset) for ours.
+    pub(super) version: TransactionVersion,
 }
 
 /// InitProducerId: `None` for an idempotent producer (no transactional id). The timeout is
@@ -42,6 +44,7 @@ pub(super) fn init_producer_id(
         return Ok(None);
     };
     check_id("transactional id", &id)?;
+    let version = check_transaction_version(request.transaction_version)?;
     core::validate_timeout(request.transaction_timeout_ms, max_timeout_ms)?;
     let expected = match (
         request.expected_producer_id,
@@ -54,6 +57,7 @@ pub(super) fn init_producer_id(
         id,
         timeout_ms: request.transaction_timeout_ms,
         expected,
+        version,
     }))
 }
 
@@ -153,6 +157,7 @@ pub(super) fn group_marker(
     check_id("group id", &request.group_id)?;
     let identity = check_producer(request.producer_id, request.producer_epoch)?;
     let result = check_result(request.result)?;
+    let transaction_version = check_transaction_version(request.transaction_version)?;
     if request.coordinator_generation < 0 {
         return Err(invalid(format!(
             "coordinator generation {} is negative",
@@ -173,6 +178,7 @@ pub(super) fn group_marker(
         offsets,
         coordinator_id: request.coordinator_id,
         coordinator_generation: request.coordinator_generation,
+        transaction_version,
     })
 }
 
@@ -246,6 +252,7 @@ pub(super) fn group_marker_request(
         result: result(marker.result) as i32,
         coordinator_id: marker.coordinator_id,
         coordinator_generation: marker.coordinator_generation,
+        transaction_version: marker.transaction_version.to_wire(),
     }
 }
 
@@ -375,6 +382,31 @@ fn check_partitions(partitions: Vec<proto::TopicPartition>) -> Result<Vec<TopicP
         .collect()
 }
 
+/// A client transaction version on the wire: 0 (unset) or 2 is version 2, 1 is version 1.
+pub(super) fn check_transaction_version(version: i32) -> Result<TransactionVersion, Error> {
+    TransactionVersion::from_wire(version)
+        .ok_or_else(|| invalid(format!("transaction version {version} is not 1 or 2")))
+}
+
+/// Kafka's OffsetCommit outside a transaction: the group and its offsets (non-negative,
+/// partitions checked against the topology by the caller).
+pub(super) fn offset_commit(
+    group: String,
+    offsets: Vec<proto::PartitionOffset>,
+) -> Result<(String, CommitOffsets), Error> {
+    check_id("group id", &group)?;
+    check_list_len("offsets", offsets.len())?;
+    let mut checked = Vec::with_capacity(offsets.len());
+    for o in offsets {
+        check_topic(&o.topic)?;
+        if o.offset < 0 {
+            return Err(invalid(format!("offset {} is negative", o.offset)));
+        }
+        checked.push((TopicPartition::new(o.topic, o.partition), o.offset));
+    }
+    Ok((group, checked))
+}
+
 fn check_result(result: i32) -> Result<TxnResult, Error> {
     match proto::TxnResult::try_from(result) {
         Ok(proto::TxnResult::Commit) => Ok(TxnResult::Commit),
@@ -394,6 +426,25 @@ mod tests {
         assert!(check_producer(0, 32768).is_err());
         assert!(check_producer(0, 32767).is_ok());
         assert!(check_result(7).is_err());
+        assert!(check_transaction_version(3).is_err());
+        assert!(check_transaction_version(-1).is_err());
+        assert_eq!(
+            check_transaction_version(0).unwrap(),
+            TransactionVersion::V2
+        );
+        assert_eq!(
+            check_transaction_version(1).unwrap(),
+            TransactionVersion::V1
+        );
+        assert!(offset_commit(
+            "g".into(),
+            vec![proto::PartitionOffset {
+                topic: "t".into(),
+                partition: 0,
+                offset: -1,
+            }]
+        )
+        .is_err());
         assert!(check_list_len("x", MAX_LIST_LEN).is_ok());
         assert!(check_list_len("x", MAX_LIST_LEN + 1).is_err());
         assert!(check_topic("").is_err());

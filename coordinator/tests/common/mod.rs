@@ -227,6 +227,7 @@ impl Txn {
                 transaction_timeout_ms: timeout,
                 expected_producer_id: expected.0,
                 expected_producer_epoch: expected.1,
+                transaction_version: 2,
             })
             .await
             .unwrap()
@@ -250,6 +251,7 @@ impl Txn {
                         transaction_timeout_ms: timeout,
                         expected_producer_id: -1,
                         expected_producer_epoch: -1,
+                        transaction_version: 2,
                     })
                     .await
                     .unwrap()

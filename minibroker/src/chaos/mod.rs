@@ -288,6 +288,7 @@ async fn topology(options: &ChaosOptions) -> anyhow::Result<Topology> {
     let node = |id, k: usize| Node {
         id,
         address: addresses[k].clone(),
+        kafka_address: None,
     };
     let topology = Topology {
         transaction_state_partitions: 8,

@@ -1,6 +1,7 @@
 //! `minibroker dev`: an embedded cluster in the foreground until ctrl-c or SIGTERM, with its
-//! topology file and addresses printed (text or JSON) so other commands can use it. On either
-//! signal it stops every node cleanly and removes its temporary directory (not a `--data-dir`).
+//! topology file and addresses (gRPC and the Kafka bootstrap) printed (text or JSON) so other
+//! commands and Kafka clients can use it. On either signal it stops every node cleanly and
+//! removes its temporary directory (not a `--data-dir`).
 
 use std::process::ExitCode;
 
@@ -23,6 +24,9 @@ pub struct DevArgs {
     /// Also copy the topology file to this path.
     #[arg(long)]
     write_topology: Option<std::path::PathBuf>,
+    /// Write the Kafka bootstrap list (`host:port,...`, every node's Kafka listener) here.
+    #[arg(long)]
+    kafka_bootstrap_file: Option<std::path::PathBuf>,
     /// Serve each node's Prometheus metrics on a loopback port (printed).
     #[arg(long)]
     metrics: bool,
@@ -34,6 +38,7 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         data_dir,
         base_port,
         write_topology,
+        kafka_bootstrap_file,
         metrics,
     } = args;
     let temporary = data_dir.is_none();
@@ -58,10 +63,19 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         None => cluster.topology_path().to_path_buf(),
     };
     let topology = cluster.topology();
+    let kafka_bootstrap = cluster.kafka_bootstrap().join(",");
+    if let Some(file) = &kafka_bootstrap_file {
+        std::fs::write(file, format!("{kafka_bootstrap}\n")).with_context(|| {
+            format!(
+                "cannot write the Kafka bootstrap list to {}",
+                file.display()
+            )
+        })?;
+    }
     if json {
         minibroker::outln!(
             "{}",
-            json!({"topology": path, "data_dir": cluster.dir(),
+            json!({"topology": path, "data_dir": cluster.dir(), "kafka_bootstrap": kafka_bootstrap,
                 "coordinators": topology.coordinators.iter().map(|n| json!({"id": n.id, "address": n.address, "metrics": metrics_of(n.id)})).collect::<Vec<_>>(),
                 "leaders": topology.leaders.iter().map(|n| json!({"id": n.id, "address": n.address, "metrics": metrics_of(n.id)})).collect::<Vec<_>>()})
         );
@@ -69,6 +83,7 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         minibroker::outln!("mini-broker dev cluster is running (ctrl-c to stop)");
         minibroker::outln!("  topology: {}", path.display());
         minibroker::outln!("  data:     {}", cluster.dir().display());
+        minibroker::outln!("  kafka:    {kafka_bootstrap}");
         for n in &topology.coordinators {
             minibroker::outln!("  coordinator {:>3}  {}", n.id, n.address);
         }
@@ -96,6 +111,7 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         minibroker::outln!("  minibroker produce --transactional-id app-1 --records 100 --per-txn 10 --abort-every 3");
         minibroker::outln!("  minibroker consume --from-beginning");
         minibroker::outln!("  minibroker transactions list");
+        minibroker::outln!("  kcat -b {kafka_bootstrap} -L");
     }
     let signal = stop_signal().await;
     let dir = cluster.dir().to_path_buf();

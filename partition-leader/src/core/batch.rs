@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 
-use super::{BatchHeader, Limits, ProduceBatch, NO_PRODUCER_ID, RECORD_OVERHEAD_BYTES};
+use super::{BatchHeader, Header, Limits, ProduceBatch, NO_PRODUCER_ID, RECORD_OVERHEAD_BYTES};
 
 /// `sequence + increment`, wrapping from `i32::MAX` to 0 (Kafka's `incrementSequence`).
 pub fn increment_sequence(sequence: i32, increment: i32) -> i32 {
@@ -51,7 +51,7 @@ fn check_size(limits: &Limits, batch: &ProduceBatch) -> Result<()> {
     }
     let mut batch_bytes = 0usize;
     for (i, r) in batch.records.iter().enumerate() {
-        let size = r.key.len() + r.value.len();
+        let size = r.key.len() + r.value.len() + r.headers.iter().map(Header::size).sum::<usize>();
         if size > limits.max_record_bytes {
             return Err(Error::MessageTooLarge(format!(
                 "record {i} is {size} bytes, the limit is {}",

@@ -39,8 +39,13 @@ impl PartitionState {
             last_update_ms: now_ms,
         });
         let raises_epoch = decision == Decision::Apply;
+        // Transaction version 1: the marker carries the data's epoch; the sequence window is
+        // kept (the producer carries on at this epoch), as Kafka's producer state does.
+        let ends_at_same_epoch = m.keeps_epoch() && current.is_some_and(|s| epoch == s.epoch);
         Ok(match current.and_then(|s| s.txn_first_offset) {
-            Some(first) if raises_epoch => close_txn(m, epoch, next, first, noop, now_ms),
+            Some(first) if raises_epoch || ends_at_same_epoch => {
+                close_txn(m, epoch, next, first, noop, now_ms)
+            }
             _ if raises_epoch => record_epoch(m, epoch, next, noop, now_ms),
             _ => repeat_marker(m, next, noop, now_ms),
         })
@@ -108,7 +113,8 @@ pub(crate) fn check_marker_fence(
 }
 
 /// The marker ends the transaction open here since `first`: a control record, the epoch
-/// adopted, the window reset, and (ABORT) an aborted-index entry.
+/// adopted, the window reset (kept when the epoch stays, transaction version 1), and (ABORT)
+/// an aborted-index entry.
 fn close_txn(
     m: &Marker,
     epoch: ProducerEpoch,
@@ -119,8 +125,10 @@ fn close_txn(
 ) -> Plan {
     let pid = m.producer_id;
     let base_offset = noop.base_offset;
+    if epoch != next.epoch {
+        next.batches.clear();
+    }
     next.epoch = epoch;
-    next.batches.clear();
     next.txn_first_offset = None;
     next.coordinator_generation = m.coordinator_generation;
     next.last_update_ms = now_ms;

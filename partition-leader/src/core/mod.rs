@@ -98,6 +98,22 @@ pub struct Limits {
     pub max_record_bytes: usize,
 }
 
+/// A record header (Kafka's): a key and a value that may be null.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Header key.
+    pub key: String,
+    /// Header value; `None` is Kafka's null.
+    pub value: Option<Vec<u8>>,
+}
+
+impl Header {
+    /// Bytes it takes against the record size limit.
+    pub fn size(&self) -> usize {
+        self.key.len() + self.value.as_ref().map_or(0, Vec::len)
+    }
+}
+
 /// A data record as a producer sent it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
@@ -107,6 +123,8 @@ pub struct Record {
     pub value: Vec<u8>,
     /// Producer timestamp; `< 0` means "none" and is replaced by the append time.
     pub timestamp_ms: i64,
+    /// Headers, in order (Kafka clients' record headers; empty from our client).
+    pub headers: Vec<Header>,
 }
 
 /// A Produce batch as received (already converted from the wire, not yet validated).
@@ -203,6 +221,8 @@ pub struct DataRecord {
     pub value: Vec<u8>,
     /// Timestamp (producer's, or append time).
     pub timestamp_ms: i64,
+    /// Headers, in order.
+    pub headers: Vec<Header>,
 }
 
 /// A COMMIT or ABORT marker in the log.
@@ -257,6 +277,7 @@ pub fn data_entries(header: &BatchHeader, records: Vec<Record>, now_ms: i64) -> 
                 } else {
                     r.timestamp_ms
                 },
+                headers: r.headers,
             })
         })
         .collect()
@@ -267,7 +288,8 @@ pub fn data_entries(header: &BatchHeader, records: Vec<Record>, now_ms: i64) -> 
 pub struct Marker {
     /// PID.
     pub producer_id: i64,
-    /// Wire epoch: the bumped epoch the transaction ended with.
+    /// Wire epoch: the bumped epoch the transaction ended with (transaction version 2), or the
+    /// epoch its data was written with (version 1, see [`Marker::keeps_epoch`]).
     pub producer_epoch: i32,
     /// COMMIT (true) or ABORT.
     pub commit: bool,
@@ -275,6 +297,17 @@ pub struct Marker {
     pub coordinator_id: i32,
     /// Its generation.
     pub coordinator_generation: i64,
+    /// The transaction's client transaction version (KIP-890): 1 = the marker carries the
+    /// epoch the transaction's data was written with (Kafka clients without KIP-890 part 2);
+    /// 0 or 2 = the bumped epoch.
+    pub transaction_version: i32,
+}
+
+impl Marker {
+    /// Version 1: a marker at the PID's current epoch ends the transaction open at that epoch.
+    pub fn keeps_epoch(&self) -> bool {
+        self.transaction_version == 1
+    }
 }
 
 /// What a write must persist, computed from the state before the write. Apply it with

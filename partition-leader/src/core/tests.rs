@@ -19,6 +19,7 @@ fn batch(pid: i64, epoch: i32, seq: i32, n: usize, txn: bool) -> ProduceBatch {
                 key: vec![],
                 value: vec![i as u8],
                 timestamp_ms: 1,
+                headers: Vec::new(),
             })
             .collect(),
     }
@@ -35,6 +36,7 @@ fn marker(pid: i64, epoch: i32, commit: bool, generation: i64) -> Marker {
         commit,
         coordinator_id: 1,
         coordinator_generation: generation,
+        transaction_version: 2,
     }
 }
 
@@ -413,6 +415,7 @@ fn lso_with_interleaved_transactions_of_several_pids() {
             key: vec![],
             value: vec![],
             timestamp_ms: 0,
+            headers: Vec::new(),
         })
     };
     let visible: Vec<i64> = [(0, -1), (1, 1), (2, 2), (3, 1), (4, 3)]
@@ -465,6 +468,7 @@ fn bad_batches_are_rejected_before_any_state() {
             key: vec![0; 100],
             value: vec![0; 157],
             timestamp_ms: 0,
+            headers: Vec::new(),
         }],
         ..batch(1, 0, 0, 1, false)
     };
@@ -474,6 +478,7 @@ fn bad_batches_are_rejected_before_any_state() {
                 key: vec![],
                 value: vec![0; 200],
                 timestamp_ms: 0,
+                headers: Vec::new(),
             })
             .collect(),
         ..batch(1, 0, 0, 1, false)
@@ -519,6 +524,7 @@ fn bad_batches_are_rejected_before_any_state() {
             key: vec![0; 56],
             value: vec![0; 200],
             timestamp_ms: 0,
+            headers: Vec::new(),
         }],
         ..batch(1, 0, 0, 1, false)
     };
@@ -548,11 +554,13 @@ fn timestamps_default_to_append_time() {
                 key: b"k".to_vec(),
                 value: b"v".to_vec(),
                 timestamp_ms: -1,
+                headers: Vec::new(),
             },
             Record {
                 key: vec![],
                 value: vec![],
                 timestamp_ms: 5,
+                headers: Vec::new(),
             },
         ],
         99,
@@ -606,4 +614,36 @@ fn restore_rebuilds_open_txns_and_rejects_inconsistent_state() {
     assert_eq!(restored.last_stable_offset(), 0);
     assert!(PartitionState::restore(false, 0, s.producers().clone(), vec![]).is_err());
     assert!(PartitionState::restore(false, -1, vec![], vec![]).is_err());
+}
+
+#[test]
+fn v1_marker_at_the_current_epoch_closes_the_txn_and_keeps_the_window() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 3, 0, 2, true)).unwrap();
+    // Version 2: a marker at the data's own epoch is a repeat of an older one, nothing closes.
+    let plan = write_marker(&mut s, &marker(1, 3, true, 1)).unwrap();
+    assert!(plan.control.is_none());
+    assert_eq!(s.last_stable_offset(), 0);
+    // Version 1: the same marker ends the transaction open at that epoch.
+    let v1 = Marker {
+        transaction_version: 1,
+        ..marker(1, 3, true, 1)
+    };
+    let plan = write_marker(&mut s, &v1).unwrap();
+    assert!(plan.control.is_some());
+    assert_eq!(s.last_stable_offset(), s.high_watermark());
+    let p = s.producer(1).unwrap();
+    assert_eq!((p.epoch, p.txn_first_offset), (3, None));
+    assert!(
+        !p.batches.is_empty(),
+        "the producer carries on at this epoch"
+    );
+    // The next batch continues the sequence at the same epoch; a repeat of the marker with
+    // nothing open writes nothing.
+    produce(&mut s, &header(1, 3, 2, 1, true)).unwrap();
+    let hw = s.high_watermark();
+    let plan = write_marker(&mut s, &v1).unwrap();
+    assert!(plan.control.is_some(), "closes the second transaction");
+    assert_eq!(s.high_watermark(), hw + 1);
+    assert!(write_marker(&mut s, &v1).unwrap().control.is_none());
 }

@@ -134,6 +134,14 @@ fn read_visible(
                 producer_id: d.producer_id,
                 producer_epoch: d.producer_epoch as i32,
                 is_transactional: d.is_transactional,
+                headers: d
+                    .headers
+                    .into_iter()
+                    .map(|h| proto::RecordHeader {
+                        key: h.key,
+                        value: h.value,
+                    })
+                    .collect(),
             });
         }
         true

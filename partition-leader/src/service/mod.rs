@@ -132,33 +132,35 @@ impl LeaderConfig {
 pub use cluster::node::now_ms;
 
 /// A storage call on the blocking pool ([`cluster::node::blocking`]).
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     node::blocking(f)
         .await
         .map_err(|e| Error::Internal(format!("storage task failed: {e}")))?
 }
 
 /// One partition this node leads.
-struct Partition {
-    tp: TopicPartition,
+pub(crate) struct Partition {
+    pub(crate) tp: TopicPartition,
     /// Serialises writes; held across the durable write (see the module docs).
     write_lock: Arc<tokio::sync::Mutex<()>>,
     /// The core state; only locked for synchronous core calls.
     state: Mutex<PartitionState>,
     /// Woken after every applied write (long-polling fetches wait on it).
-    appended: Notify,
+    pub(crate) appended: Notify,
     /// Set when a failed write could not be reconciled with storage: the partition answers
     /// KAFKA_STORAGE_ERROR until the leader restarts (Kafka takes the log dir offline).
     offline: std::sync::atomic::AtomicBool,
 }
 
 impl Partition {
-    fn state(&self) -> std::sync::MutexGuard<'_, PartitionState> {
+    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, PartitionState> {
         node::lock(&self.state)
     }
 
     /// KAFKA_STORAGE_ERROR once the partition went offline.
-    fn check_online(&self) -> Result<()> {
+    pub(crate) fn check_online(&self) -> Result<()> {
         if self.offline.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Storage(format!(
                 "{} is offline after a storage failure; restart the leader",
@@ -253,6 +255,21 @@ impl LeaderService {
         })
     }
 
+    /// The storage engine (the Kafka face scans it for Fetch and ListOffsets).
+    pub(crate) fn storage(&self) -> Arc<dyn Storage> {
+        self.inner.storage.clone()
+    }
+
+    /// Turns true when the leader is stopping (long polls end).
+    pub(crate) fn stopping(&self) -> watch::Receiver<bool> {
+        self.inner.shutdown.clone()
+    }
+
+    /// The cluster topology.
+    pub(crate) fn topology(&self) -> &Arc<Topology> {
+        &self.inner.topology
+    }
+
     /// Wraps the service for `tonic::transport::Server::add_service`, with message limits that
     /// let every batch within the configured limits through.
     pub fn into_server(self) -> PartitionLeaderServer<Self> {
@@ -262,7 +279,7 @@ impl LeaderService {
         PartitionLeaderServer::new(self).max_decoding_message_size(max_decoding)
     }
 
-    fn partition(&self, topic: &str, partition: i32) -> Result<Arc<Partition>> {
+    pub(crate) fn partition(&self, topic: &str, partition: i32) -> Result<Arc<Partition>> {
         let tp = TopicPartition::new(topic, partition);
         let Some(leader) = self.inner.topology.leader_for(topic, partition) else {
             return Err(Error::UnknownTopicOrPartition(format!(
@@ -357,7 +374,7 @@ impl LeaderService {
         .map_err(|e| Error::Internal(format!("write task failed: {e}")))?
     }
 
-    fn describe_producers_inner(
+    pub(crate) fn describe_producers_inner(
         &self,
         request: DescribeProducersRequest,
     ) -> Result<DescribeProducersResponse> {
@@ -469,6 +486,7 @@ impl PartitionLeader for LeaderService {
                             commit,
                             coordinator_id: request.coordinator_id,
                             coordinator_generation: request.coordinator_generation,
+                            transaction_version: request.transaction_version,
                         };
                         match self.write_marker(&tp, marker).await {
                             Ok(()) => (proto::ErrorCode::None as i32, String::new()),
@@ -537,6 +555,16 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    serve_with_kafka(config, listener, None, shutdown).await
+}
+
+/// [`serve`], plus Kafka's protocol on `kafka_listener` when given (see [`crate::kafka`]).
+pub async fn serve_with_kafka(
+    config: LeaderConfig,
+    listener: tokio::net::TcpListener,
+    kafka_listener: Option<tokio::net::TcpListener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let dir = config.data_dir.clone();
     let open_dir = dir.clone();
     let storage = Arc::new(
@@ -552,7 +580,15 @@ pub async fn serve(
         crate::verify::GrpcVerifier::new(config.topology.clone(), VERIFY_TIMEOUT)
             .with_credentials(config.credentials()),
     );
-    let result = serve_with(config, storage.clone(), verifier, listener, shutdown).await;
+    let result = serve_inner(
+        config,
+        storage.clone(),
+        verifier,
+        listener,
+        kafka_listener,
+        shutdown,
+    )
+    .await;
     let flushing = storage.clone();
     let flushed = blocking(move || flushing.flush()).await;
     // Waits (bounded) for stragglers holding the storage, then closes sled and its lock file.
@@ -569,6 +605,17 @@ pub async fn serve_with(
     storage: Arc<dyn Storage>,
     verifier: Arc<dyn TxnVerifier>,
     listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    serve_inner(config, storage, verifier, listener, None, shutdown).await
+}
+
+async fn serve_inner(
+    config: LeaderConfig,
+    storage: Arc<dyn Storage>,
+    verifier: Arc<dyn TxnVerifier>,
+    listener: tokio::net::TcpListener,
+    kafka_listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -592,18 +639,39 @@ pub async fn serve_with(
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
     health.set_serving(true).await;
     let _ = service.inner.health.set(health.clone());
+    let kafka = kafka_listener.map(|kafka_listener| {
+        let kafka_config = kafka_wire::ServerConfig::new(node_id, topology.clone());
+        let handler = Arc::new(crate::kafka::KafkaLeader::new(service.clone()));
+        let mut stopped = service.stopping();
+        tokio::spawn(kafka_wire::serve(
+            kafka_listener,
+            kafka_config,
+            handler,
+            async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            },
+        ))
+    });
     let shutdown = async move {
         shutdown.await;
         health.set_serving(false).await;
         let _ = stop_tx.send(true);
     };
-    tonic::transport::Server::builder()
+    let served = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(cluster::ClusterService::new(topology).into_server())
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(node::incoming(listener), shutdown)
-        .await?;
+        .await;
+    if let Some(kafka) = kafka {
+        match kafka.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!("kafka listener failed: {e}"),
+            Err(e) => warn!("kafka listener task failed: {e}"),
+        }
+    }
+    served?;
     info!(node_id, "partition leader stopped");
     Ok(())
 }

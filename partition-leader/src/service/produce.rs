@@ -22,7 +22,7 @@ enum Round {
 }
 
 impl LeaderService {
-    pub(super) async fn produce_inner(&self, request: ProduceRequest) -> Result<ProduceResponse> {
+    pub(crate) async fn produce_inner(&self, request: ProduceRequest) -> Result<ProduceResponse> {
         let part = self.partition(&request.topic, request.partition)?;
         let batch = batch_from_wire(
             request
@@ -157,6 +157,14 @@ fn batch_from_wire(batch: RecordBatch) -> ProduceBatch {
                 key: r.key,
                 value: r.value,
                 timestamp_ms: r.timestamp_ms,
+                headers: r
+                    .headers
+                    .into_iter()
+                    .map(|h| core::Header {
+                        key: h.key,
+                        value: h.value,
+                    })
+                    .collect(),
             })
             .collect(),
     }

@@ -1,0 +1,711 @@
+//! Kafka's classic consumer-group membership (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) as
+//! a pure state machine, so `subscribe()` works for Kafka clients and a zombie consumer-producer
+//! is fenced by its group (KIP-447: [`GroupMembership::check_commit`]).
+//!
+//! How a rebalance goes, as in Kafka's group coordinator:
+//! 1. A JoinGroup (new member, or a member rejoining) moves the group to PreparingRebalance with
+//!    a deadline (the largest rebalance timeout of its members). Every member must rejoin; the
+//!    others learn it from Heartbeat/SyncGroup answering REBALANCE_IN_PROGRESS.
+//! 2. The round completes when every member has rejoined, or at the deadline (members that did
+//!    not rejoin are removed): the generation is bumped, a protocol every member supports is
+//!    chosen (the leader's first such), the leader is kept if it is still a member (else the
+//!    first member), and every joiner gets its JoinGroup answer; the leader's carries the member
+//!    list and their metadata. State CompletingRebalance.
+//! 3. The leader computes the assignment (Kafka's consumer protocol: the client does it) and
+//!    sends it in its SyncGroup; the group becomes Stable and every member's SyncGroup is
+//!    answered with its part.
+//! 4. Members heartbeat within their session timeout; one that stops is removed by [`tick`] and
+//!    the others rebalance. LeaveGroup removes a member at once.
+//!
+//! The shell ([`crate::kafka`]) holds one of these per group behind a lock, parks JoinGroup and
+//! SyncGroup requests until [`GroupMembership::join_result`] / [`GroupMembership::sync_result`]
+//! has their answer, and calls [`tick`] periodically.
+//!
+//! Choices: a member id is `client_id-<n>`; from JoinGroup v4 a member without an id first gets
+//! MEMBER_ID_REQUIRED with its new id (KIP-394). A member's session does not expire while its
+//! JoinGroup or SyncGroup is parked (Kafka does the same by resetting it on each call).
+//!
+//! CAVEATS: membership is not persisted (a restarted coordinator starts every group Empty at
+//! generation 0: members rejoin, and a zombie's commit with an older generation is then
+//! UNKNOWN_MEMBER_ID instead of ILLEGAL_GENERATION, fenced all the same); no static membership
+//! beyond the FENCED_INSTANCE_ID check; no group.initial.rebalance.delay; no max group size.
+//!
+//! [`tick`]: GroupMembership::tick
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Why a group request was refused (each is one of Kafka's error codes).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GroupError {
+    /// UNKNOWN_MEMBER_ID.
+    #[error("unknown member {0:?}")]
+    UnknownMemberId(String),
+    /// ILLEGAL_GENERATION.
+    #[error("generation {got} is not the group's {current}")]
+    IllegalGeneration {
+        /// The caller's.
+        got: i32,
+        /// The group's.
+        current: i32,
+    },
+    /// REBALANCE_IN_PROGRESS.
+    #[error("a rebalance is in progress")]
+    RebalanceInProgress,
+    /// INCONSISTENT_GROUP_PROTOCOL.
+    #[error("no protocol in common with the group: {0}")]
+    InconsistentGroupProtocol(String),
+    /// MEMBER_ID_REQUIRED, with the id to rejoin with.
+    #[error("rejoin with member id {0:?}")]
+    MemberIdRequired(String),
+    /// FENCED_INSTANCE_ID.
+    #[error("member {0:?} is not the current member of its group instance")]
+    FencedInstanceId(String),
+    /// INVALID_SESSION_TIMEOUT.
+    #[error("session timeout {0} ms is outside [{min}, {max}]", min = MIN_SESSION_TIMEOUT_MS, max = MAX_SESSION_TIMEOUT_MS)]
+    InvalidSessionTimeout(i32),
+}
+
+/// Kafka's `group.min.session.timeout.ms` default.
+pub const MIN_SESSION_TIMEOUT_MS: i32 = 6_000;
+/// Kafka's `group.max.session.timeout.ms` default.
+pub const MAX_SESSION_TIMEOUT_MS: i32 = 1_800_000;
+
+/// The group's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupState {
+    /// No members.
+    Empty,
+    /// Waiting for every member to (re)join, until the deadline.
+    PreparingRebalance {
+        /// When the round completes with whoever joined.
+        deadline_ms: i64,
+    },
+    /// Joined; waiting for the leader's assignment.
+    CompletingRebalance,
+    /// Assigned.
+    Stable,
+}
+
+/// A JoinGroup as the core sees it.
+#[derive(Clone, Debug)]
+pub struct JoinRequest {
+    /// The caller's member id ("" for a new member).
+    pub member_id: String,
+    /// Static membership id, if any.
+    pub group_instance_id: Option<String>,
+    /// The client id (prefix of new member ids).
+    pub client_id: String,
+    /// Whether the client speaks JoinGroup v4+ (a new member must first get its id).
+    pub require_known_member_id: bool,
+    /// Session timeout.
+    pub session_timeout_ms: i32,
+    /// Rebalance timeout (v1+; v0 uses the session timeout).
+    pub rebalance_timeout_ms: i32,
+    /// "consumer" for consumers.
+    pub protocol_type: String,
+    /// (name, metadata) in the member's order of preference.
+    pub protocols: Vec<(String, Vec<u8>)>,
+}
+
+/// A JoinGroup answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinResult {
+    /// The new generation.
+    pub generation: i32,
+    /// The chosen protocol.
+    pub protocol: String,
+    /// The group's protocol type.
+    pub protocol_type: String,
+    /// The leader's member id.
+    pub leader: String,
+    /// This member's id.
+    pub member_id: String,
+    /// For the leader only: every member with its metadata for the chosen protocol.
+    pub members: Vec<(String, Option<String>, Vec<u8>)>,
+}
+
+#[derive(Clone, Debug)]
+struct Member {
+    instance_id: Option<String>,
+    session_timeout_ms: i32,
+    rebalance_timeout_ms: i32,
+    protocols: Vec<(String, Vec<u8>)>,
+    last_seen_ms: i64,
+    awaiting_join: bool,
+    join_result: Option<JoinResult>,
+    /// A SyncGroup is parked for this member.
+    awaiting_sync: bool,
+    assignment: Vec<u8>,
+}
+
+/// One group's membership.
+#[derive(Clone, Debug)]
+pub struct GroupMembership {
+    group_id: String,
+    generation: i32,
+    state: GroupState,
+    protocol_type: Option<String>,
+    protocol: Option<String>,
+    leader: Option<String>,
+    members: BTreeMap<String, Member>,
+    /// Ids handed out with MEMBER_ID_REQUIRED, not joined yet.
+    pending: BTreeSet<String>,
+    next_member: u64,
+}
+
+impl GroupMembership {
+    /// An Empty group at generation 0.
+    pub fn new(group_id: &str) -> Self {
+        Self {
+            group_id: group_id.to_string(),
+            generation: 0,
+            state: GroupState::Empty,
+            protocol_type: None,
+            protocol: None,
+            leader: None,
+            members: BTreeMap::new(),
+            pending: BTreeSet::new(),
+            next_member: 0,
+        }
+    }
+
+    /// The current generation.
+    pub fn generation(&self) -> i32 {
+        self.generation
+    }
+
+    /// The state.
+    pub fn state(&self) -> GroupState {
+        self.state
+    }
+
+    /// The member ids.
+    pub fn member_ids(&self) -> Vec<String> {
+        self.members.keys().cloned().collect()
+    }
+
+    /// The leader's member id, if any.
+    pub fn leader(&self) -> Option<&str> {
+        self.leader.as_deref()
+    }
+
+    fn new_member_id(&mut self, client_id: &str) -> String {
+        self.next_member += 1;
+        let prefix = if client_id.is_empty() {
+            "member"
+        } else {
+            client_id
+        };
+        format!("{prefix}-{}-{}", self.group_id.len(), self.next_member)
+    }
+
+    /// JoinGroup: returns the member id to wait with ([`Self::join_result`]).
+    pub fn join(&mut self, request: JoinRequest, now_ms: i64) -> Result<String, GroupError> {
+        if !(MIN_SESSION_TIMEOUT_MS..=MAX_SESSION_TIMEOUT_MS).contains(&request.session_timeout_ms)
+        {
+            return Err(GroupError::InvalidSessionTimeout(
+                request.session_timeout_ms,
+            ));
+        }
+        let member_id = if request.member_id.is_empty() {
+            let id = self.new_member_id(&request.client_id);
+            if request.require_known_member_id {
+                self.pending.insert(id.clone());
+                return Err(GroupError::MemberIdRequired(id));
+            }
+            id
+        } else if self.members.contains_key(&request.member_id)
+            || self.pending.contains(&request.member_id)
+        {
+            request.member_id.clone()
+        } else {
+            return Err(GroupError::UnknownMemberId(request.member_id));
+        };
+        if request.protocols.is_empty() || request.protocol_type.is_empty() {
+            return Err(GroupError::InconsistentGroupProtocol(
+                "no protocol type or protocols".into(),
+            ));
+        }
+        let others: Vec<&Member> = self
+            .members
+            .iter()
+            .filter(|(id, _)| **id != member_id)
+            .map(|(_, m)| m)
+            .collect();
+        if !others.is_empty() {
+            if self.protocol_type.as_deref() != Some(request.protocol_type.as_str()) {
+                return Err(GroupError::InconsistentGroupProtocol(format!(
+                    "protocol type {:?} is not the group's {:?}",
+                    request.protocol_type, self.protocol_type
+                )));
+            }
+            let common = request.protocols.iter().any(|(name, _)| {
+                others
+                    .iter()
+                    .all(|m| m.protocols.iter().any(|(n, _)| n == name))
+            });
+            if !common {
+                return Err(GroupError::InconsistentGroupProtocol(
+                    "none of the member's protocols is supported by every member".into(),
+                ));
+            }
+        }
+        self.pending.remove(&member_id);
+        self.protocol_type = Some(request.protocol_type);
+        let rebalance_timeout_ms = if request.rebalance_timeout_ms > 0 {
+            request.rebalance_timeout_ms
+        } else {
+            request.session_timeout_ms
+        };
+        self.members.insert(
+            member_id.clone(),
+            Member {
+                instance_id: request.group_instance_id,
+                session_timeout_ms: request.session_timeout_ms,
+                rebalance_timeout_ms,
+                protocols: request.protocols,
+                last_seen_ms: now_ms,
+                awaiting_join: true,
+                join_result: None,
+                awaiting_sync: false,
+                assignment: Vec::new(),
+            },
+        );
+        self.prepare_rebalance(now_ms);
+        self.try_complete_join(now_ms);
+        Ok(member_id)
+    }
+
+    /// Starts a rebalance round (if one is not already running).
+    fn prepare_rebalance(&mut self, now_ms: i64) {
+        if matches!(self.state, GroupState::PreparingRebalance { .. }) {
+            return;
+        }
+        let timeout = self
+            .members
+            .values()
+            .map(|m| m.rebalance_timeout_ms)
+            .max()
+            .unwrap_or(0);
+        self.state = GroupState::PreparingRebalance {
+            deadline_ms: now_ms + i64::from(timeout),
+        };
+        for m in self.members.values_mut() {
+            m.assignment.clear();
+        }
+    }
+
+    /// Completes the round when everyone rejoined or the deadline passed.
+    fn try_complete_join(&mut self, now_ms: i64) {
+        let GroupState::PreparingRebalance { deadline_ms } = self.state else {
+            return;
+        };
+        let all_joined = self.members.values().all(|m| m.awaiting_join);
+        if !all_joined && now_ms < deadline_ms {
+            return;
+        }
+        self.members.retain(|_, m| m.awaiting_join);
+        self.generation += 1;
+        if self.members.is_empty() {
+            self.state = GroupState::Empty;
+            self.protocol = None;
+            self.protocol_type = None;
+            self.leader = None;
+            return;
+        }
+        let leader = match &self.leader {
+            Some(l) if self.members.contains_key(l) => l.clone(),
+            _ => self.members.keys().next().cloned().expect("a member"),
+        };
+        let protocol = self.members[&leader]
+            .protocols
+            .iter()
+            .map(|(n, _)| n.clone())
+            .find(|name| {
+                self.members
+                    .values()
+                    .all(|m| m.protocols.iter().any(|(n, _)| n == name))
+            })
+            .expect("join checked a common protocol");
+        let listing: Vec<(String, Option<String>, Vec<u8>)> = self
+            .members
+            .iter()
+            .map(|(id, m)| {
+                let metadata = m
+                    .protocols
+                    .iter()
+                    .find(|(n, _)| *n == protocol)
+                    .map(|(_, md)| md.clone())
+                    .unwrap_or_default();
+                (id.clone(), m.instance_id.clone(), metadata)
+            })
+            .collect();
+        let protocol_type = self.protocol_type.clone().unwrap_or_default();
+        for (id, m) in self.members.iter_mut() {
+            m.awaiting_join = false;
+            m.last_seen_ms = now_ms;
+            m.join_result = Some(JoinResult {
+                generation: self.generation,
+                protocol: protocol.clone(),
+                protocol_type: protocol_type.clone(),
+                leader: leader.clone(),
+                member_id: id.clone(),
+                members: if *id == leader {
+                    listing.clone()
+                } else {
+                    Vec::new()
+                },
+            });
+        }
+        self.protocol = Some(protocol);
+        self.leader = Some(leader);
+        self.state = GroupState::CompletingRebalance;
+    }
+
+    /// The parked JoinGroup of `member_id`: `None` while its round runs; then its answer, once
+    /// (UNKNOWN_MEMBER_ID if it was removed meanwhile).
+    pub fn join_result(&mut self, member_id: &str) -> Option<Result<JoinResult, GroupError>> {
+        match self.members.get_mut(member_id) {
+            None => Some(Err(GroupError::UnknownMemberId(member_id.to_string()))),
+            Some(m) => m.join_result.take().map(Ok),
+        }
+    }
+
+    fn member(&self, member_id: &str, generation: i32) -> Result<&Member, GroupError> {
+        let member = self
+            .members
+            .get(member_id)
+            .ok_or_else(|| GroupError::UnknownMemberId(member_id.to_string()))?;
+        if generation != self.generation {
+            return Err(GroupError::IllegalGeneration {
+                got: generation,
+                current: self.generation,
+            });
+        }
+        Ok(member)
+    }
+
+    /// SyncGroup: the leader brings the assignment. Park the request and poll
+    /// [`Self::sync_result`].
+    pub fn sync(
+        &mut self,
+        member_id: &str,
+        generation: i32,
+        assignments: Vec<(String, Vec<u8>)>,
+        now_ms: i64,
+    ) -> Result<(), GroupError> {
+        self.member(member_id, generation)?;
+        match self.state {
+            GroupState::PreparingRebalance { .. } => return Err(GroupError::RebalanceInProgress),
+            GroupState::Empty => return Err(GroupError::UnknownMemberId(member_id.to_string())),
+            GroupState::CompletingRebalance if self.leader.as_deref() == Some(member_id) => {
+                for (id, m) in self.members.iter_mut() {
+                    m.assignment = assignments
+                        .iter()
+                        .find(|(a, _)| a == id)
+                        .map(|(_, bytes)| bytes.clone())
+                        .unwrap_or_default();
+                }
+                self.state = GroupState::Stable;
+            }
+            GroupState::CompletingRebalance | GroupState::Stable => {}
+        }
+        let m = self.members.get_mut(member_id).expect("checked");
+        m.awaiting_sync = true;
+        m.last_seen_ms = now_ms;
+        Ok(())
+    }
+
+    /// The parked SyncGroup of `member_id` at `generation`: `None` while the leader's assignment
+    /// is awaited; then the member's assignment, or the error that ends the wait.
+    pub fn sync_result(
+        &mut self,
+        member_id: &str,
+        generation: i32,
+    ) -> Option<Result<Vec<u8>, GroupError>> {
+        if let Err(e) = self.member(member_id, generation) {
+            return Some(Err(e));
+        }
+        let result = match self.state {
+            GroupState::Stable => Ok(self.members[member_id].assignment.clone()),
+            GroupState::PreparingRebalance { .. } => Err(GroupError::RebalanceInProgress),
+            GroupState::Empty => Err(GroupError::UnknownMemberId(member_id.to_string())),
+            GroupState::CompletingRebalance => return None,
+        };
+        if let Some(m) = self.members.get_mut(member_id) {
+            m.awaiting_sync = false;
+        }
+        Some(result)
+    }
+
+    /// Heartbeat.
+    pub fn heartbeat(
+        &mut self,
+        member_id: &str,
+        generation: i32,
+        now_ms: i64,
+    ) -> Result<(), GroupError> {
+        if let Some(m) = self.members.get_mut(member_id) {
+            m.last_seen_ms = now_ms;
+        }
+        self.member(member_id, generation)?;
+        match self.state {
+            GroupState::PreparingRebalance { .. } => Err(GroupError::RebalanceInProgress),
+            _ => Ok(()),
+        }
+    }
+
+    /// LeaveGroup: the member is removed at once and the others rebalance.
+    pub fn leave(&mut self, member_id: &str, now_ms: i64) -> Result<(), GroupError> {
+        if self.members.remove(member_id).is_none() {
+            return Err(GroupError::UnknownMemberId(member_id.to_string()));
+        }
+        self.prepare_rebalance(now_ms);
+        self.try_complete_join(now_ms);
+        Ok(())
+    }
+
+    /// Expires members whose session ran out (not while a JoinGroup or SyncGroup of theirs is
+    /// parked) and completes a round whose deadline passed. Returns the expired member ids.
+    pub fn tick(&mut self, now_ms: i64) -> Vec<String> {
+        let expired: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(_, m)| {
+                !m.awaiting_join
+                    && !m.awaiting_sync
+                    && now_ms - m.last_seen_ms > i64::from(m.session_timeout_ms)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &expired {
+            self.members.remove(id);
+        }
+        if !expired.is_empty() {
+            self.prepare_rebalance(now_ms);
+        }
+        self.try_complete_join(now_ms);
+        expired
+    }
+
+    /// KIP-447 / OffsetCommit: may this caller commit offsets for the group? A caller outside
+    /// any generation (`generation` < 0 and no member id: a standalone consumer, or a producer
+    /// that was given only the group id) may while the group has no members.
+    pub fn check_commit(
+        &self,
+        member_id: &str,
+        generation: i32,
+        instance_id: Option<&str>,
+    ) -> Result<(), GroupError> {
+        if generation < 0 && member_id.is_empty() {
+            return if self.members.is_empty() {
+                Ok(())
+            } else {
+                Err(GroupError::IllegalGeneration {
+                    got: generation,
+                    current: self.generation,
+                })
+            };
+        }
+        let member = self
+            .members
+            .get(member_id)
+            .ok_or_else(|| GroupError::UnknownMemberId(member_id.to_string()))?;
+        if let (Some(theirs), Some(ours)) = (instance_id, member.instance_id.as_deref()) {
+            if theirs != ours {
+                return Err(GroupError::FencedInstanceId(member_id.to_string()));
+            }
+        }
+        if generation != self.generation {
+            return Err(GroupError::IllegalGeneration {
+                got: generation,
+                current: self.generation,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join(id: &str, protocols: &[&str]) -> JoinRequest {
+        JoinRequest {
+            member_id: id.to_string(),
+            group_instance_id: None,
+            client_id: "c".into(),
+            require_known_member_id: false,
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 30_000,
+            protocol_type: "consumer".into(),
+            protocols: protocols
+                .iter()
+                .map(|p| (p.to_string(), p.as_bytes().to_vec()))
+                .collect(),
+        }
+    }
+
+    /// Two members joined and synced: (group, leader, follower).
+    fn stable_pair() -> (GroupMembership, String, String) {
+        let mut g = GroupMembership::new("g");
+        let a = g.join(join("", &["range"]), 0).unwrap();
+        // Alone: the round completes at once.
+        let ra = g.join_result(&a).unwrap().unwrap();
+        assert_eq!((ra.generation, ra.leader.as_str()), (1, a.as_str()));
+        g.sync(&a, 1, vec![(a.clone(), b"all".to_vec())], 0)
+            .unwrap();
+        assert_eq!(g.sync_result(&a, 1).unwrap().unwrap(), b"all");
+        // B joins: A must rejoin (heartbeat tells it), then the round completes.
+        let b = g.join(join("", &["roundrobin", "range"]), 10).unwrap();
+        assert!(g.join_result(&b).is_none(), "waits for A");
+        assert_eq!(g.heartbeat(&a, 1, 11), Err(GroupError::RebalanceInProgress));
+        g.join(join(&a, &["range"]), 12).unwrap();
+        let ra = g.join_result(&a).unwrap().unwrap();
+        let rb = g.join_result(&b).unwrap().unwrap();
+        assert_eq!((ra.generation, rb.generation), (2, 2));
+        assert_eq!(ra.protocol, "range", "the leader's first common protocol");
+        assert_eq!(ra.members.len(), 2, "the leader gets the member list");
+        assert!(rb.members.is_empty());
+        // The follower's SyncGroup waits for the leader's.
+        g.sync(&b, 2, vec![], 13).unwrap();
+        assert_eq!(g.sync_result(&b, 2), None);
+        g.sync(
+            &a,
+            2,
+            vec![(a.clone(), b"0".to_vec()), (b.clone(), b"1".to_vec())],
+            14,
+        )
+        .unwrap();
+        assert_eq!(g.sync_result(&b, 2).unwrap().unwrap(), b"1");
+        assert_eq!(g.sync_result(&a, 2).unwrap().unwrap(), b"0");
+        assert_eq!(g.state(), GroupState::Stable);
+        (g, a, b)
+    }
+
+    #[test]
+    fn join_sync_and_a_second_member_rebalance() {
+        let (g, a, _) = stable_pair();
+        assert_eq!(g.leader(), Some(a.as_str()));
+    }
+
+    #[test]
+    fn new_members_of_v4_clients_first_get_their_id() {
+        let mut g = GroupMembership::new("g");
+        let mut request = join("", &["range"]);
+        request.require_known_member_id = true;
+        let Err(GroupError::MemberIdRequired(id)) = g.join(request.clone(), 0) else {
+            panic!("MEMBER_ID_REQUIRED expected");
+        };
+        request.member_id = id.clone();
+        assert_eq!(g.join(request, 1).unwrap(), id);
+        assert_eq!(
+            g.join(join("stranger", &["range"]), 2),
+            Err(GroupError::UnknownMemberId("stranger".into()))
+        );
+    }
+
+    #[test]
+    fn heartbeats_and_generations() {
+        let (mut g, a, b) = stable_pair();
+        assert_eq!(g.heartbeat(&a, 2, 20), Ok(()));
+        assert_eq!(
+            g.heartbeat(&a, 1, 20),
+            Err(GroupError::IllegalGeneration { got: 1, current: 2 })
+        );
+        assert_eq!(
+            g.heartbeat("x", 2, 20),
+            Err(GroupError::UnknownMemberId("x".into()))
+        );
+        assert_eq!(g.heartbeat(&b, 2, 20), Ok(()));
+    }
+
+    #[test]
+    fn a_silent_member_expires_and_the_rest_rebalance() {
+        let (mut g, a, b) = stable_pair();
+        g.heartbeat(&a, 2, 9_000).unwrap();
+        // B's session (10 s) ran out at 14 + 10_000.
+        assert_eq!(g.tick(10_100), vec![b.clone()]);
+        assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
+        g.join(join(&a, &["range"]), 10_200).unwrap();
+        let ra = g.join_result(&a).unwrap().unwrap();
+        assert_eq!((ra.generation, ra.members.len()), (3, 1));
+    }
+
+    #[test]
+    fn the_round_completes_at_the_deadline_without_the_late_member() {
+        let (mut g, a, b) = stable_pair();
+        g.join(join(&a, &["range"]), 100).unwrap();
+        assert!(g.join_result(&a).is_none());
+        // B neither rejoins nor is expired (it heartbeats), but the 30 s deadline passes.
+        g.heartbeat(&b, 2, 25_000).ok();
+        g.tick(30_101);
+        assert_eq!(g.member_ids(), vec![a.clone()]);
+        assert_eq!(g.join_result(&a).unwrap().unwrap().generation, 3);
+        assert_eq!(
+            g.heartbeat(&b, 2, 30_200),
+            Err(GroupError::UnknownMemberId(b))
+        );
+    }
+
+    #[test]
+    fn leaving_rebalances_and_the_last_one_out_empties_the_group() {
+        let (mut g, a, b) = stable_pair();
+        g.leave(&b, 50).unwrap();
+        g.join(join(&a, &["range"]), 51).unwrap();
+        assert_eq!(g.join_result(&a).unwrap().unwrap().generation, 3);
+        g.leave(&a, 52).unwrap();
+        assert_eq!(g.state(), GroupState::Empty);
+        assert_eq!(g.generation(), 4);
+        assert_eq!(g.leave(&a, 53), Err(GroupError::UnknownMemberId(a)));
+    }
+
+    #[test]
+    fn protocols_must_be_shared() {
+        let (mut g, _, _) = stable_pair();
+        assert!(matches!(
+            g.join(join("", &["sticky"]), 60),
+            Err(GroupError::InconsistentGroupProtocol(_))
+        ));
+        let mut other = join("", &["range"]);
+        other.protocol_type = "connect".into();
+        assert!(matches!(
+            g.join(other, 61),
+            Err(GroupError::InconsistentGroupProtocol(_))
+        ));
+        let mut bad = join("", &["range"]);
+        bad.session_timeout_ms = 10;
+        assert_eq!(g.join(bad, 62), Err(GroupError::InvalidSessionTimeout(10)));
+    }
+
+    #[test]
+    fn kip_447_commits_are_checked_against_the_generation() {
+        let (mut g, a, b) = stable_pair();
+        assert_eq!(g.check_commit(&a, 2, None), Ok(()));
+        // A zombie of generation 2 after the group moved on to generation 3.
+        g.leave(&b, 70).unwrap();
+        g.join(join(&a, &["range"]), 71).unwrap();
+        g.join_result(&a).unwrap().unwrap();
+        assert_eq!(
+            g.check_commit(&a, 2, None),
+            Err(GroupError::IllegalGeneration { got: 2, current: 3 })
+        );
+        assert_eq!(
+            g.check_commit(&b, 3, None),
+            Err(GroupError::UnknownMemberId(b.clone()))
+        );
+        assert!(g.check_commit("", -1, None).is_err(), "members exist");
+        let mut empty = GroupMembership::new("e");
+        assert_eq!(empty.check_commit("", -1, None), Ok(()));
+        // Static membership: another instance id is fenced.
+        let mut request = join("", &["range"]);
+        request.group_instance_id = Some("i-1".into());
+        let m = empty.join(request, 0).unwrap();
+        empty.join_result(&m).unwrap().unwrap();
+        assert_eq!(
+            empty.check_commit(&m, 1, Some("i-2")),
+            Err(GroupError::FencedInstanceId(m.clone()))
+        );
+        assert_eq!(empty.check_commit(&m, 1, Some("i-1")), Ok(()));
+    }
+}

@@ -1,0 +1,882 @@
+//! The coordinator's Kafka face: the transactional APIs and group offsets, decoded with
+//! `kafka-protocol` and answered by calling the service's rooms in-process (`service/local.rs`) (the same
+//! input checks, routing, per-id locks, [`crate::core`] rules, durable writes and markers), then
+//! encoded. Errors go through the one mapping ([`crate::error_code`], then
+//! `kafka_wire::codes::kafka_code`).
+//!
+//! Transaction version: Kafka clients that do not implement KIP-890 part 2 (librdkafka,
+//! kafka-python: no EndTxn v5) are on transaction version 1, so this face sends InitProducerId
+//! with version 1 and the coordinator records it for the id; its EndTxn then keeps the epoch
+//! and its markers carry it ([`crate::core::end_txn_v1`], PROTOCOL.md section 6). EndTxn is
+//! capped at v4 and InitProducerId at v4 accordingly.
+//!
+//! | API                  | versions | notes |
+//! |----------------------|----------|-------|
+//! | InitProducerId       | 0-4      | v3+: the KIP-360 expected (PID, epoch) |
+//! | AddPartitionsToTxn   | 0-3      | v4+ is the broker-to-broker batched form |
+//! | AddOffsetsToTxn      | 0-3      | |
+//! | TxnOffsetCommit      | 0-3      | v3: generation and member id (KIP-447) |
+//! | EndTxn               | 0-4      | v5 is transaction version 2 |
+//! | OffsetFetch          | 1-7      | v8+ is the batched form |
+//! | ListTransactions     | 0-1      | |
+//! | DescribeTransactions | 0        | |
+//! | OffsetCommit         | 2-8      | outside transactions; checked against the membership |
+//! | JoinGroup            | 0-7      | v4+: MEMBER_ID_REQUIRED first (KIP-394) |
+//! | SyncGroup            | 0-5      | |
+//! | Heartbeat            | 0-4      | |
+//! | LeaveGroup           | 0-4      | v3+: batched members |
+//!
+//! Consumer groups: membership ([`crate::consumer_groups`]) lives in this face, one
+//! [`GroupMembership`] per group behind a lock, in memory. JoinGroup and SyncGroup are parked
+//! until the core has their answer (woken on every change of the group, and re-checked every
+//! 100 ms so a deadline or an expired session is noticed); every group request first lets the
+//! core expire silent members. KIP-447: a TxnOffsetCommit (v3) or an OffsetCommit that names a
+//! member and generation is checked against the group first: an older generation is
+//! ILLEGAL_GENERATION, an unknown member UNKNOWN_MEMBER_ID, another static instance
+//! FENCED_INSTANCE_ID, and nothing is recorded.
+//!
+//! Choices: AddPartitionsToTxn answers every partition of the request with the one error the
+//! core returns (it adds all or nothing), as Kafka does for a request-level failure; an
+//! unknown partition is UNKNOWN_TOPIC_OR_PARTITION and the others OPERATION_NOT_ATTEMPTED.
+//! TxnOffsetCommit answers every partition with the request's error too.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
+};
+use kafka_protocol::messages::describe_transactions_response::{
+    TopicData, TransactionState as DescribedState,
+};
+use kafka_protocol::messages::list_transactions_response::TransactionState as ListedState;
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponsePartition, OffsetFetchResponseTopic,
+};
+use kafka_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::{
+    AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse, DescribeTransactionsRequest, DescribeTransactionsResponse,
+    EndTxnRequest, EndTxnResponse, InitProducerIdRequest, InitProducerIdResponse,
+    ListTransactionsRequest, ListTransactionsResponse, OffsetFetchRequest, OffsetFetchResponse,
+    ProducerId, RequestKind, ResponseKind, TopicName, TransactionalId, TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
+};
+use kafka_wire::{codes, str_bytes, ApiRange, Handler, Request};
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::{
+    HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
+    LeaveGroupResponse, OffsetCommitRequest, OffsetCommitResponse, SyncGroupRequest,
+    SyncGroupResponse,
+};
+
+use crate::consumer_groups::{GroupError, GroupMembership, JoinRequest};
+use crate::core::TransactionVersion;
+use crate::error_code;
+use crate::service::LocalService;
+use crate::Error;
+
+/// The coordinator's [`Handler`].
+pub struct KafkaCoordinator {
+    service: LocalService,
+    groups: Mutex<HashMap<String, Arc<GroupSlot>>>,
+}
+
+/// One group's membership and the wake-up of its parked requests.
+struct GroupSlot {
+    membership: Mutex<GroupMembership>,
+    changed: tokio::sync::Notify,
+}
+
+impl GroupSlot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GroupMembership> {
+        self.membership
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// How often a parked JoinGroup/SyncGroup re-checks its group.
+const PARK_RECHECK: Duration = Duration::from_millis(100);
+
+impl KafkaCoordinator {
+    /// The Kafka face of a coordinator's service.
+    pub(crate) fn new(service: LocalService) -> Self {
+        Self {
+            service,
+            groups: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn group(&self, group_id: &str) -> Arc<GroupSlot> {
+        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        groups
+            .entry(group_id.to_string())
+            .or_insert_with(|| {
+                Arc::new(GroupSlot {
+                    membership: Mutex::new(GroupMembership::new(group_id)),
+                    changed: tokio::sync::Notify::new(),
+                })
+            })
+            .clone()
+    }
+
+    /// INVALID_GROUP_ID for an empty id, NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS if this
+    /// node does not serve the group now.
+    fn check_group(&self, group_id: &str) -> Result<(), i16> {
+        if group_id.is_empty() || group_id.len() > cluster::MAX_ID_LEN {
+            return Err(ResponseError::InvalidGroupId.code());
+        }
+        self.service
+            .check_owner(group_id)
+            .map_err(|e| kafka_error(&e))
+    }
+
+    /// Runs `f` on the group (after expiring silent members) and wakes its parked requests.
+    fn with_group<T>(&self, group_id: &str, f: impl FnOnce(&mut GroupMembership, i64) -> T) -> T {
+        let slot = self.group(group_id);
+        let now = cluster::node::now_ms();
+        let result = {
+            let mut g = slot.lock();
+            let expired = g.tick(now);
+            if !expired.is_empty() {
+                tracing::info!(group = group_id, ?expired, "group members expired");
+            }
+            f(&mut g, now)
+        };
+        slot.changed.notify_waiters();
+        result
+    }
+
+    /// Parks until `poll` has an answer or `wait` passed (`None`).
+    async fn park<T>(
+        &self,
+        group_id: &str,
+        wait: Duration,
+        mut poll: impl FnMut(&mut GroupMembership) -> Option<T>,
+    ) -> Option<T> {
+        let slot = self.group(group_id);
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut stopping = self.service.stopping();
+        loop {
+            let notified = slot.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let answer = {
+                let mut g = slot.lock();
+                g.tick(cluster::node::now_ms());
+                poll(&mut g)
+            };
+            if let Some(answer) = answer {
+                slot.changed.notify_waiters();
+                return Some(answer);
+            }
+            if tokio::time::Instant::now() >= deadline || *stopping.borrow() {
+                return None;
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(PARK_RECHECK) => {}
+                _ = stopping.changed() => {}
+            }
+        }
+    }
+}
+
+/// Kafka's code for a group decision.
+fn group_code(e: &GroupError) -> i16 {
+    match e {
+        GroupError::UnknownMemberId(_) => ResponseError::UnknownMemberId,
+        GroupError::IllegalGeneration { .. } => ResponseError::IllegalGeneration,
+        GroupError::RebalanceInProgress => ResponseError::RebalanceInProgress,
+        GroupError::InconsistentGroupProtocol(_) => ResponseError::InconsistentGroupProtocol,
+        GroupError::MemberIdRequired(_) => ResponseError::MemberIdRequired,
+        GroupError::FencedInstanceId(_) => ResponseError::FencedInstanceId,
+        GroupError::InvalidSessionTimeout(_) => ResponseError::InvalidSessionTimeout,
+    }
+    .code()
+}
+
+/// The Kafka code of a coordinator error.
+fn kafka_error(e: &Error) -> i16 {
+    codes::kafka_code(error_code(e))
+}
+
+/// The Kafka code of a unit result.
+fn kafka_result<T>(r: &Result<T, Error>) -> i16 {
+    r.as_ref().err().map_or(codes::NONE, kafka_error)
+}
+
+/// Kafka's name of a transaction state (ListTransactions, DescribeTransactions).
+fn state_name(state: i32) -> &'static str {
+    match proto::TxnState::try_from(state) {
+        Ok(proto::TxnState::Empty) => "Empty",
+        Ok(proto::TxnState::Ongoing) => "Ongoing",
+        Ok(proto::TxnState::PrepareCommit) => "PrepareCommit",
+        Ok(proto::TxnState::PrepareAbort) => "PrepareAbort",
+        Ok(proto::TxnState::CompleteCommit) => "CompleteCommit",
+        Ok(proto::TxnState::CompleteAbort) => "CompleteAbort",
+        Err(_) => "Unknown",
+    }
+}
+
+impl Handler for KafkaCoordinator {
+    fn apis(&self) -> Vec<ApiRange> {
+        kafka_wire::apis::COORDINATOR_APIS.to_vec()
+    }
+
+    async fn handle(&self, request: Request) -> kafka_wire::Result<Option<ResponseKind>> {
+        let version = request.version;
+        let response = match request.body {
+            RequestKind::InitProducerId(r) => {
+                ResponseKind::InitProducerId(self.init_producer_id(r).await)
+            }
+            RequestKind::AddPartitionsToTxn(r) => {
+                ResponseKind::AddPartitionsToTxn(self.add_partitions(r).await)
+            }
+            RequestKind::AddOffsetsToTxn(r) => {
+                ResponseKind::AddOffsetsToTxn(self.add_offsets(r).await)
+            }
+            RequestKind::TxnOffsetCommit(r) => {
+                ResponseKind::TxnOffsetCommit(self.txn_offset_commit(r).await)
+            }
+            RequestKind::EndTxn(r) => ResponseKind::EndTxn(self.end_txn(r).await),
+            RequestKind::OffsetFetch(r) => {
+                ResponseKind::OffsetFetch(self.offset_fetch(r, version).await)
+            }
+            RequestKind::ListTransactions(r) => {
+                ResponseKind::ListTransactions(self.list_transactions(r).await)
+            }
+            RequestKind::DescribeTransactions(r) => {
+                ResponseKind::DescribeTransactions(self.describe_transactions(r).await)
+            }
+            RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(self.offset_commit(r).await),
+            RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(self.join_group(r, version).await),
+            RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(self.sync_group(r, version).await),
+            RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(self.heartbeat(r)),
+            RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(self.leave_group(r, version)),
+            _ => {
+                return Err(kafka_wire::Error::Close(format!(
+                    "{:?} is not served by a coordinator",
+                    request.api_key
+                )))
+            }
+        };
+        Ok(Some(response))
+    }
+}
+
+impl KafkaCoordinator {
+    /// KIP-447: a commit that names a member and generation must match the group's.
+    fn check_group_commit(
+        &self,
+        group_id: &str,
+        member_id: &str,
+        generation: i32,
+        instance_id: Option<&str>,
+    ) -> Result<(), i16> {
+        if generation < 0 && member_id.is_empty() {
+            // Not from a group member (Kafka's "simple" commit): the transaction's checks only.
+            let known = self
+                .groups
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(group_id);
+            if !known {
+                return Ok(());
+            }
+        }
+        self.with_group(group_id, |g, _| {
+            g.check_commit(member_id, generation, instance_id)
+        })
+        .map_err(|e| {
+            tracing::info!(
+                group = group_id,
+                member_id,
+                generation,
+                "offset commit fenced by the group: {e}"
+            );
+            group_code(&e)
+        })
+    }
+
+    /// Kafka clients send TxnOffsetCommit to the *group's* coordinator (which checks the
+    /// membership, above); the pending offsets live with the *transaction's* coordinator, which
+    /// sends them to the group with its marker (PROTOCOL.md section 7). When the two differ, the
+    /// request is forwarded over gRPC, as our own client would send it.
+    async fn txn_offset_commit_at_owner(&self, grpc: proto::TxnOffsetCommitRequest) -> i16 {
+        let owner = self
+            .service
+            .topology()
+            .coordinator_for(&grpc.transactional_id)
+            .clone();
+        if self.service.check_owner(&grpc.transactional_id).is_ok()
+            || owner.id == self.service.node_id()
+        {
+            return kafka_result(&self.service.txn_offset_commit(grpc).await);
+        }
+        let forwarded = self
+            .service
+            .forward_txn_offset_commit(&owner.address, grpc)
+            .await;
+        match forwarded {
+            Ok(code) => codes::kafka_code_of(code),
+            Err(e) => {
+                tracing::info!(
+                    coordinator = owner.id,
+                    "forwarding TxnOffsetCommit failed: {e}"
+                );
+                ResponseError::CoordinatorNotAvailable.code()
+            }
+        }
+    }
+
+    async fn offset_commit(&self, r: OffsetCommitRequest) -> OffsetCommitResponse {
+        let group_id = r.group_id.0.to_string();
+        let code = match self.check_group(&group_id).and_then(|()| {
+            self.check_group_commit(
+                &group_id,
+                &r.member_id,
+                r.generation_id_or_member_epoch,
+                r.group_instance_id.as_deref(),
+            )
+        }) {
+            Err(code) => code,
+            Ok(()) => {
+                let offsets = r
+                    .topics
+                    .iter()
+                    .flat_map(|t| {
+                        t.partitions.iter().map(|p| proto::PartitionOffset {
+                            topic: t.name.0.to_string(),
+                            partition: p.partition_index,
+                            offset: p.committed_offset,
+                        })
+                    })
+                    .collect();
+                kafka_result(&self.service.offset_commit(group_id, offsets).await)
+            }
+        };
+        let mut response = OffsetCommitResponse::default();
+        response.topics = r
+            .topics
+            .iter()
+            .map(|t| {
+                let mut topic = OffsetCommitResponseTopic::default();
+                topic.name = t.name.clone();
+                topic.partitions = t
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        let mut out = OffsetCommitResponsePartition::default();
+                        out.partition_index = p.partition_index;
+                        out.error_code = code;
+                        out
+                    })
+                    .collect();
+                topic
+            })
+            .collect();
+        response
+    }
+
+    async fn join_group(&self, r: JoinGroupRequest, version: i16) -> JoinGroupResponse {
+        let mut response = JoinGroupResponse::default();
+        response.generation_id = -1;
+        let group_id = r.group_id.0.to_string();
+        if let Err(code) = self.check_group(&group_id) {
+            response.error_code = code;
+            return response;
+        }
+        let rebalance_timeout_ms = if version >= 1 {
+            r.rebalance_timeout_ms
+        } else {
+            r.session_timeout_ms
+        };
+        let request = JoinRequest {
+            member_id: r.member_id.to_string(),
+            group_instance_id: r.group_instance_id.as_ref().map(|i| i.to_string()),
+            client_id: "consumer".into(),
+            require_known_member_id: version >= 4,
+            session_timeout_ms: r.session_timeout_ms,
+            rebalance_timeout_ms,
+            protocol_type: r.protocol_type.to_string(),
+            protocols: r
+                .protocols
+                .iter()
+                .map(|p| (p.name.to_string(), p.metadata.to_vec()))
+                .collect(),
+        };
+        let member_id = match self.with_group(&group_id, |g, now| g.join(request, now)) {
+            Ok(id) => id,
+            Err(e) => {
+                if let GroupError::MemberIdRequired(id) = &e {
+                    response.member_id = str_bytes(id.clone());
+                }
+                response.error_code = group_code(&e);
+                return response;
+            }
+        };
+        let wait =
+            Duration::from_millis(rebalance_timeout_ms.max(0) as u64) + Duration::from_secs(5);
+        let answer = self
+            .park(&group_id, wait, |g| g.join_result(&member_id))
+            .await;
+        match answer {
+            None => response.error_code = ResponseError::RebalanceInProgress.code(),
+            Some(Err(e)) => response.error_code = group_code(&e),
+            Some(Ok(joined)) => {
+                tracing::info!(group = %group_id, member = %joined.member_id, generation = joined.generation,
+                               leader = %joined.leader, "member joined");
+                response.generation_id = joined.generation;
+                response.protocol_name = Some(str_bytes(joined.protocol));
+                if version >= 7 {
+                    response.protocol_type = Some(str_bytes(joined.protocol_type));
+                }
+                response.leader = str_bytes(joined.leader);
+                response.member_id = str_bytes(joined.member_id);
+                response.members = joined
+                    .members
+                    .into_iter()
+                    .map(|(id, instance, metadata)| {
+                        let mut m = JoinGroupResponseMember::default();
+                        m.member_id = str_bytes(id);
+                        if version >= 5 {
+                            m.group_instance_id = instance.map(str_bytes);
+                        }
+                        m.metadata = metadata.into();
+                        m
+                    })
+                    .collect();
+            }
+        }
+        response
+    }
+
+    async fn sync_group(&self, r: SyncGroupRequest, version: i16) -> SyncGroupResponse {
+        let mut response = SyncGroupResponse::default();
+        let group_id = r.group_id.0.to_string();
+        if let Err(code) = self.check_group(&group_id) {
+            response.error_code = code;
+            return response;
+        }
+        let member_id = r.member_id.to_string();
+        let generation = r.generation_id;
+        let assignments = r
+            .assignments
+            .iter()
+            .map(|a| (a.member_id.to_string(), a.assignment.to_vec()))
+            .collect();
+        if let Err(e) = self.with_group(&group_id, |g, now| {
+            g.sync(&member_id, generation, assignments, now)
+        }) {
+            response.error_code = group_code(&e);
+            return response;
+        }
+        let answer = self
+            .park(&group_id, Duration::from_secs(60), |g| {
+                g.sync_result(&member_id, generation)
+            })
+            .await;
+        match answer {
+            None => response.error_code = ResponseError::RebalanceInProgress.code(),
+            Some(Err(e)) => response.error_code = group_code(&e),
+            Some(Ok(assignment)) => {
+                response.assignment = assignment.into();
+                if version >= 5 {
+                    response.protocol_type = r.protocol_type.clone();
+                    response.protocol_name = r.protocol_name.clone();
+                }
+            }
+        }
+        response
+    }
+
+    fn heartbeat(&self, r: HeartbeatRequest) -> HeartbeatResponse {
+        let mut response = HeartbeatResponse::default();
+        let group_id = r.group_id.0.to_string();
+        response.error_code = match self.check_group(&group_id) {
+            Err(code) => code,
+            Ok(()) => self
+                .with_group(&group_id, |g, now| {
+                    g.heartbeat(&r.member_id, r.generation_id, now)
+                })
+                .map_or_else(|e| group_code(&e), |()| 0),
+        };
+        response
+    }
+
+    fn leave_group(&self, r: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
+        let mut response = LeaveGroupResponse::default();
+        let group_id = r.group_id.0.to_string();
+        if let Err(code) = self.check_group(&group_id) {
+            response.error_code = code;
+            return response;
+        }
+        let members: Vec<(String, Option<kafka_protocol::protocol::StrBytes>)> = if version >= 3 {
+            r.members
+                .iter()
+                .map(|m| (m.member_id.to_string(), m.group_instance_id.clone()))
+                .collect()
+        } else {
+            vec![(r.member_id.to_string(), None)]
+        };
+        let results: Vec<(String, Option<kafka_protocol::protocol::StrBytes>, i16)> = self
+            .with_group(&group_id, |g, now| {
+                members
+                    .into_iter()
+                    .map(|(id, instance)| {
+                        let code = g.leave(&id, now).map_or_else(|e| group_code(&e), |()| 0);
+                        (id, instance, code)
+                    })
+                    .collect()
+            });
+        if version >= 3 {
+            response.members = results
+                .into_iter()
+                .map(|(id, instance, code)| {
+                    let mut m = MemberResponse::default();
+                    m.member_id = str_bytes(id);
+                    m.group_instance_id = instance;
+                    m.error_code = code;
+                    m
+                })
+                .collect();
+        } else {
+            response.error_code = results.first().map_or(0, |r| r.2);
+        }
+        response
+    }
+
+    async fn init_producer_id(&self, r: InitProducerIdRequest) -> InitProducerIdResponse {
+        let grpc = proto::InitProducerIdRequest {
+            transactional_id: r.transactional_id.map(|t| t.0.to_string()),
+            transaction_timeout_ms: r.transaction_timeout_ms,
+            expected_producer_id: r.producer_id.0,
+            expected_producer_epoch: i32::from(r.producer_epoch),
+            transaction_version: TransactionVersion::V1.to_wire(),
+        };
+        let mut response = InitProducerIdResponse::default();
+        match self.service.init_producer_id(grpc).await {
+            Ok(pair) => {
+                response.producer_id = ProducerId(pair.producer_id);
+                response.producer_epoch = pair.epoch;
+            }
+            Err(e) => {
+                response.error_code = kafka_error(&e);
+                response.producer_id = ProducerId(-1);
+                response.producer_epoch = -1;
+            }
+        }
+        response
+    }
+
+    async fn add_partitions(&self, r: AddPartitionsToTxnRequest) -> AddPartitionsToTxnResponse {
+        let partitions: Vec<proto::TopicPartition> = r
+            .v3_and_below_topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions.iter().map(|&p| proto::TopicPartition {
+                    topic: t.name.0.to_string(),
+                    partition: p,
+                })
+            })
+            .collect();
+        let grpc = proto::AddPartitionsToTxnRequest {
+            transactional_id: r.v3_and_below_transactional_id.0.to_string(),
+            producer_id: r.v3_and_below_producer_id.0,
+            producer_epoch: i32::from(r.v3_and_below_producer_epoch),
+            partitions,
+        };
+        let result = self.service.add_partitions(grpc).await;
+        let code = kafka_result(&result);
+        let unknown = ResponseError::UnknownTopicOrPartition.code();
+        let topology = self.service.topology();
+        let mut response = AddPartitionsToTxnResponse::default();
+        response.results_by_topic_v3_and_below = r
+            .v3_and_below_topics
+            .iter()
+            .map(|t| {
+                let mut topic = AddPartitionsToTxnTopicResult::default();
+                topic.name = t.name.clone();
+                topic.results_by_partition = t
+                    .partitions
+                    .iter()
+                    .map(|&p| {
+                        let mut out = AddPartitionsToTxnPartitionResult::default();
+                        out.partition_index = p;
+                        out.partition_error_code =
+                            if code == unknown && topology.partition_exists(&t.name.0, p) {
+                                ResponseError::OperationNotAttempted.code()
+                            } else {
+                                code
+                            };
+                        out
+                    })
+                    .collect();
+                topic
+            })
+            .collect();
+        response
+    }
+
+    async fn add_offsets(&self, r: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
+        let grpc = proto::AddOffsetsToTxnRequest {
+            transactional_id: r.transactional_id.0.to_string(),
+            producer_id: r.producer_id.0,
+            producer_epoch: i32::from(r.producer_epoch),
+            group_id: r.group_id.0.to_string(),
+        };
+        let mut response = AddOffsetsToTxnResponse::default();
+        response.error_code = kafka_result(&self.service.add_offsets(grpc).await);
+        response
+    }
+
+    async fn txn_offset_commit(&self, r: TxnOffsetCommitRequest) -> TxnOffsetCommitResponse {
+        let offsets = r
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions.iter().map(|p| proto::PartitionOffset {
+                    topic: t.name.0.to_string(),
+                    partition: p.partition_index,
+                    offset: p.committed_offset,
+                })
+            })
+            .collect();
+        let group_id = r.group_id.0.to_string();
+        let fenced = self.check_group_commit(
+            &group_id,
+            &r.member_id,
+            r.generation_id,
+            r.group_instance_id.as_deref(),
+        );
+        let grpc = proto::TxnOffsetCommitRequest {
+            transactional_id: r.transactional_id.0.to_string(),
+            producer_id: r.producer_id.0,
+            producer_epoch: i32::from(r.producer_epoch),
+            group_id: r.group_id.0.to_string(),
+            offsets,
+        };
+        let code = match fenced {
+            Err(code) => code,
+            Ok(()) => self.txn_offset_commit_at_owner(grpc).await,
+        };
+        let mut response = TxnOffsetCommitResponse::default();
+        response.topics = r
+            .topics
+            .iter()
+            .map(|t| {
+                let mut topic = TxnOffsetCommitResponseTopic::default();
+                topic.name = t.name.clone();
+                topic.partitions = t
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        let mut out = TxnOffsetCommitResponsePartition::default();
+                        out.partition_index = p.partition_index;
+                        out.error_code = code;
+                        out
+                    })
+                    .collect();
+                topic
+            })
+            .collect();
+        response
+    }
+
+    async fn end_txn(&self, r: EndTxnRequest) -> EndTxnResponse {
+        let grpc = proto::EndTxnRequest {
+            transactional_id: r.transactional_id.0.to_string(),
+            producer_id: r.producer_id.0,
+            producer_epoch: i32::from(r.producer_epoch),
+            result: if r.committed {
+                proto::TxnResult::Commit
+            } else {
+                proto::TxnResult::Abort
+            } as i32,
+        };
+        let mut response = EndTxnResponse::default();
+        response.producer_id = ProducerId(-1);
+        response.producer_epoch = -1;
+        match self.service.end_txn(grpc).await {
+            Ok(pair) => {
+                response.producer_id = ProducerId(pair.producer_id);
+                response.producer_epoch = pair.epoch;
+            }
+            Err(e) => response.error_code = kafka_error(&e),
+        }
+        response
+    }
+
+    async fn offset_fetch(&self, r: OffsetFetchRequest, version: i16) -> OffsetFetchResponse {
+        let partitions: Vec<proto::TopicPartition> = r
+            .topics
+            .iter()
+            .flatten()
+            .flat_map(|t| {
+                t.partition_indexes.iter().map(|&p| proto::TopicPartition {
+                    topic: t.name.0.to_string(),
+                    partition: p,
+                })
+            })
+            .collect();
+        let grpc = proto::OffsetFetchRequest {
+            group_id: r.group_id.0.to_string(),
+            partitions,
+        };
+        let mut response = OffsetFetchResponse::default();
+        match self.service.offset_fetch(grpc).await {
+            Ok(offsets) => {
+                for o in offsets {
+                    let mut p = OffsetFetchResponsePartition::default();
+                    p.partition_index = o.partition;
+                    p.committed_offset = o.offset;
+                    p.committed_leader_epoch = -1;
+                    p.metadata = Some(str_bytes(""));
+                    match response
+                        .topics
+                        .iter_mut()
+                        .find(|t| t.name.0.as_str() == o.topic)
+                    {
+                        Some(t) => t.partitions.push(p),
+                        None => {
+                            let mut t = OffsetFetchResponseTopic::default();
+                            t.name = TopicName(str_bytes(o.topic));
+                            t.partitions.push(p);
+                            response.topics.push(t);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let code = kafka_error(&e);
+                if version >= 2 {
+                    response.error_code = code;
+                } else {
+                    // v1 has no top-level error: every requested partition carries it.
+                    for t in r.topics.iter().flatten() {
+                        let mut topic = OffsetFetchResponseTopic::default();
+                        topic.name = t.name.clone();
+                        topic.partitions = t
+                            .partition_indexes
+                            .iter()
+                            .map(|&i| {
+                                let mut p = OffsetFetchResponsePartition::default();
+                                p.partition_index = i;
+                                p.committed_offset = -1;
+                                p.error_code = code;
+                                p
+                            })
+                            .collect();
+                        response.topics.push(topic);
+                    }
+                }
+            }
+        }
+        response
+    }
+
+    async fn list_transactions(&self, r: ListTransactionsRequest) -> ListTransactionsResponse {
+        let mut response = ListTransactionsResponse::default();
+        let mut filters = Vec::new();
+        for name in &r.state_filters {
+            match (0..6).find(|&s| state_name(s) == name.as_str()) {
+                Some(s) => filters.push(s),
+                None => response.unknown_state_filters.push(name.clone()),
+            }
+        }
+        if !response.unknown_state_filters.is_empty() && filters.is_empty() {
+            return response;
+        }
+        let grpc = proto::ListTransactionsRequest {
+            state_filters: filters,
+        };
+        let listed = match self
+            .service
+            .list_transactions(tonic::Request::new(grpc))
+            .await
+        {
+            Ok(r) => r.into_inner(),
+            Err(_) => {
+                response.error_code = ResponseError::UnknownServerError.code();
+                return response;
+            }
+        };
+        response.error_code = codes::kafka_code_of(listed.error_code);
+        response.transaction_states = listed
+            .transactions
+            .into_iter()
+            .filter(|t| {
+                r.producer_id_filters.is_empty()
+                    || r.producer_id_filters.contains(&ProducerId(t.producer_id))
+            })
+            .map(|t| {
+                let mut s = ListedState::default();
+                s.transactional_id = TransactionalId(str_bytes(t.transactional_id));
+                s.producer_id = ProducerId(t.producer_id);
+                s.transaction_state = str_bytes(state_name(t.state));
+                s
+            })
+            .collect();
+        response
+    }
+
+    async fn describe_transactions(
+        &self,
+        r: DescribeTransactionsRequest,
+    ) -> DescribeTransactionsResponse {
+        let grpc = proto::DescribeTransactionsRequest {
+            transactional_ids: r
+                .transactional_ids
+                .iter()
+                .map(|t| t.0.to_string())
+                .collect(),
+        };
+        let mut response = DescribeTransactionsResponse::default();
+        let described = match self
+            .service
+            .describe_transactions(tonic::Request::new(grpc))
+            .await
+        {
+            Ok(d) => d.into_inner(),
+            Err(_) => return response,
+        };
+        response.transaction_states = described
+            .transactions
+            .into_iter()
+            .map(|t| {
+                let mut s = DescribedState::default();
+                s.error_code = codes::kafka_code_of(t.error_code);
+                s.transactional_id = TransactionalId(str_bytes(t.transactional_id));
+                s.transaction_state = str_bytes(state_name(t.state));
+                s.transaction_timeout_ms = t.transaction_timeout_ms;
+                s.transaction_start_time_ms = t.transaction_start_ms;
+                s.producer_id = ProducerId(t.producer_id);
+                s.producer_epoch = t.producer_epoch as i16;
+                for tp in t.partitions {
+                    match s.topics.iter_mut().find(|d| d.topic.0.as_str() == tp.topic) {
+                        Some(d) => d.partitions.push(tp.partition),
+                        None => {
+                            let mut d = TopicData::default();
+                            d.topic = TopicName(str_bytes(tp.topic));
+                            d.partitions.push(tp.partition);
+                            s.topics.push(d);
+                        }
+                    }
+                }
+                s
+            })
+            .collect();
+        response
+    }
+}

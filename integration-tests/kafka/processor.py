@@ -1,0 +1,63 @@
+"""confluent-kafka consume-transform-produce: a subscribe() consumer in group GROUP reads
+`input` (read_committed), and for each polled batch a transaction writes "out-<value>" to
+`output` (same partition, same key) and commits the consumer's positions with
+send_offsets_to_transaction. Runs until the file STOP exists; prints "committed N" after each
+transaction so the test can kill it mid-run.
+
+usage: processor.py BOOTSTRAP GROUP TRANSACTIONAL_ID STOP_FILE"""
+import os
+import sys
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from common import bootstrap, report
+
+servers = bootstrap()
+group, txn_id, stop_file = sys.argv[2], sys.argv[3], sys.argv[4]
+
+consumer = Consumer({
+    "bootstrap.servers": servers,
+    "group.id": group,
+    "enable.auto.commit": False,
+    "isolation.level": "read_committed",
+    "auto.offset.reset": "earliest",
+    "session.timeout.ms": 6000,
+    "heartbeat.interval.ms": 500,
+    "fetch.wait.max.ms": 100,
+    **({"debug": os.environ["PROCESSOR_DEBUG"]} if os.environ.get("PROCESSOR_DEBUG") else {}),
+})
+producer = Producer({
+    "bootstrap.servers": servers,
+    "transactional.id": txn_id,
+    "linger.ms": 5,
+})
+producer.init_transactions(60)
+consumer.subscribe(["input"])
+
+committed = 0
+transactions = 0
+while not os.path.exists(stop_file):
+    messages = consumer.consume(num_messages=20, timeout=0.2)
+    messages = [m for m in messages if m.error() is None or
+                m.error().code() != KafkaError._PARTITION_EOF]
+    if not messages:
+        continue
+    for m in messages:
+        if m.error():
+            raise KafkaException(m.error())
+    producer.begin_transaction()
+    for m in messages:
+        producer.produce("output", key=m.key(), value=b"out-" + m.value(), partition=m.partition())
+    # The next offset to read, per partition this transaction consumed from.
+    next_offsets = {}
+    for m in messages:
+        next_offsets[m.partition()] = max(next_offsets.get(m.partition(), 0), m.offset() + 1)
+    positions = [TopicPartition("input", p, o) for p, o in sorted(next_offsets.items())]
+    producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), 60)
+    producer.commit_transaction(60)
+    committed += len(messages)
+    transactions += 1
+    print("committed %d" % committed, flush=True)
+
+consumer.close()
+report(committed=committed, transactions=transactions)

@@ -1,0 +1,836 @@
+//! Real Kafka clients against mini-broker's Kafka face (issue "Speak Kafka").
+//!
+//! Each test starts an [`minibroker::EmbeddedCluster`] (every node has a Kafka listener on
+//! loopback) and runs a client against its Kafka bootstrap list: the Python scripts in
+//! `integration-tests/kafka/` (confluent-kafka, i.e. librdkafka, and kafka-python), `kcat`, or
+//! raw sockets. A script prints one JSON object on its last line and exits non-zero when one of
+//! its own checks fails; the test asserts on both.
+//!
+//! The Python interpreter is `$MINIBROKER_KAFKA_PYTHON`, else `target/kafka-venv/bin/python`
+//! (`.ci/run` creates it with the pinned packages). Without it, or without `kcat`, those tests
+//! pass with a notice, unless `MINIBROKER_REQUIRE_KAFKA_CLIENTS=1` (CI sets it): then they fail.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use integration_tests::{cluster, config, read_topic, tp};
+use producer_client::{IdempotentProducer, Isolation};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Longest a client script may run.
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
+
+fn require_clients() -> bool {
+    matches!(
+        std::env::var("MINIBROKER_REQUIRE_KAFKA_CLIENTS").as_deref(),
+        Ok("1") | Ok("true") | Ok("yes")
+    )
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// The Python with confluent-kafka and kafka-python, or `None` (after the notice / failure).
+async fn python() -> Option<PathBuf> {
+    let python = std::env::var_os("MINIBROKER_KAFKA_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/kafka-venv/bin/python"));
+    let ok = tokio::process::Command::new(&python)
+        .args(["-c", "import confluent_kafka, kafka"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(python);
+    }
+    let message = format!(
+        "{} cannot import confluent_kafka and kafka (set MINIBROKER_KAFKA_PYTHON, or run .ci/run \
+         once to create target/kafka-venv)",
+        python.display()
+    );
+    assert!(
+        !require_clients(),
+        "MINIBROKER_REQUIRE_KAFKA_CLIENTS=1: {message}"
+    );
+    eprintln!("SKIPPED: {message}");
+    None
+}
+
+/// Runs `script` from `integration-tests/kafka/` with the bootstrap list and `args`; returns
+/// the JSON it printed last. Fails the test if the script fails or times out.
+async fn run_script(python: &Path, script: &str, bootstrap: &str, args: &[&str]) -> Value {
+    let dir = repo_root().join("integration-tests/kafka");
+    let child = tokio::process::Command::new(python)
+        .arg(dir.join(script))
+        .arg(bootstrap)
+        .args(args)
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python starts");
+    let output = tokio::time::timeout(SCRIPT_TIMEOUT, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{script} did not finish within {SCRIPT_TIMEOUT:?}"))
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{script} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("{script}: last line is not JSON ({e}): {stdout}\n{stderr}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_transactions_commit_and_abort_across_partitions() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "txn_producer.py", &bootstrap, &["output", "200"]).await;
+    assert_eq!(report["transactions"], 200);
+    assert_eq!(report["aborted"], 66);
+    assert_eq!(report["committed_records"], 402);
+    assert_eq!(report["read_committed"], 402);
+    assert_eq!(report["read_uncommitted"], 600);
+    // Our own read_committed consumer (gRPC) agrees with librdkafka's filtering.
+    let ours = read_topic(&cluster, "output", Isolation::ReadCommitted).await;
+    assert_eq!(ours.values().map(Vec::len).sum::<usize>(), 402);
+    cluster.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_zombie_is_fenced_by_a_new_instance() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "fencing_confluent.py", &bootstrap, &["output"]).await;
+    assert_eq!(report["a_error"], "_FENCED", "{report}");
+    assert_eq!(report["a_fatal"], true, "{report}");
+    assert_eq!(report["a_txn_requires_abort"], false, "{report}");
+    assert_eq!(report["b_committed"], 3);
+    assert_eq!(report["a_visible"], 0);
+    cluster.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_python_zombie_is_fenced_by_a_new_instance() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "fencing_kafka_python.py", &bootstrap, &["output"]).await;
+    let error = report["a_error"].as_str().unwrap_or_default();
+    assert!(
+        ["InvalidProducerEpochError", "ProducerFencedError"].contains(&error),
+        "{report}"
+    );
+    assert_eq!(report["b_committed"], 3);
+    cluster.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grpc_and_kafka_clients_read_each_others_records() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let mut grpc = IdempotentProducer::connect(config(&cluster)).await.unwrap();
+    let target = producer_client::Target::PartitionWithKey(0, b"grpc-key".to_vec());
+    let written = grpc
+        .send_and_wait("input", target, "from-grpc")
+        .await
+        .unwrap();
+    let report = run_script(&python, "mixed.py", &bootstrap, &["input", "from-grpc"]).await;
+    assert_eq!(report["grpc_offset"], written.offset, "{report}");
+    let kafka_offset = report["kafka_offset"].as_i64().unwrap();
+    let mut consumer =
+        producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    consumer.assign([tp("input", 0)]);
+    let records = consumer.read_to_end(Duration::from_secs(20)).await.unwrap();
+    let theirs = records
+        .iter()
+        .find(|r| r.offset == kafka_offset)
+        .expect("the Kafka client's record");
+    assert_eq!(theirs.value, b"from-kafka");
+    assert_eq!(theirs.key, b"kafka-key");
+    assert_eq!(theirs.timestamp_ms, 1_700_000_000_123);
+    cluster.shutdown().await.unwrap();
+}
+
+/// `kcat` if installed (else the notice, or a failure under MINIBROKER_REQUIRE_KAFKA_CLIENTS=1).
+async fn kcat() -> Option<&'static str> {
+    let ok = tokio::process::Command::new("kcat")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some("kcat");
+    }
+    assert!(
+        !require_clients(),
+        "MINIBROKER_REQUIRE_KAFKA_CLIENTS=1: kcat is not installed"
+    );
+    eprintln!("SKIPPED: kcat is not installed (apt-get install -y kcat)");
+    None
+}
+
+async fn run_kcat(kcat: &str, args: &[&str], input: &[u8]) -> String {
+    let mut child = tokio::process::Command::new(kcat)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kcat starts");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(SCRIPT_TIMEOUT, child.wait_with_output())
+        .await
+        .expect("kcat finishes")
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "kcat {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kcat_produces_and_consumes_read_committed() {
+    let Some(kcat) = kcat().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let lines = b"a:one\nb:two\nc:three\n";
+    run_kcat(
+        kcat,
+        &["-b", &bootstrap, "-P", "-t", "input", "-p", "1", "-K:"],
+        lines,
+    )
+    .await;
+    let out = run_kcat(
+        kcat,
+        &[
+            "-b",
+            &bootstrap,
+            "-C",
+            "-t",
+            "input",
+            "-p",
+            "1",
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+            "-X",
+            "isolation.level=read_committed",
+            "-f",
+            "%o %k %s\\n",
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(out, "0 a one\n1 b two\n2 c three\n");
+    // The gRPC consumer sees the same records.
+    let ours = read_topic(&cluster, "input", Isolation::ReadCommitted).await;
+    assert_eq!(ours[&1], vec!["one", "two", "three"]);
+    cluster.shutdown().await.unwrap();
+}
+
+// ---- bad input on the Kafka port: raw sockets ------------------------------------------------
+
+/// An ApiVersions v0 request frame with `correlation_id` (api key 18, version `version`).
+fn api_versions_frame(version: i16, correlation_id: i32) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&18i16.to_be_bytes());
+    body.extend_from_slice(&version.to_be_bytes());
+    body.extend_from_slice(&correlation_id.to_be_bytes());
+    body.extend_from_slice(&(-1i16).to_be_bytes()); // null client id
+    let mut frame = (body.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Reads one response frame: (correlation id, error code of an ApiVersions v0 body).
+async fn read_api_versions(stream: &mut TcpStream) -> (i32, i16) {
+    let len = stream.read_i32().await.expect("a response");
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body).await.unwrap();
+    let correlation = i32::from_be_bytes(body[0..4].try_into().unwrap());
+    let error = i16::from_be_bytes(body[4..6].try_into().unwrap());
+    (correlation, error)
+}
+
+/// Whether the server closed `stream` (EOF or reset) within a few seconds.
+async fn closed(stream: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => true,
+        Ok(Ok(_)) | Err(_) => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_costs_one_connection_and_the_node_serves_the_next_client() {
+    let cluster = cluster().await;
+    let leader = cluster.leader_ids()[0];
+    let address = cluster.kafka_address(leader).unwrap();
+
+    // An oversized frame: refused from its length alone (2 GiB is never allocated).
+    let mut s = TcpStream::connect(address).await.unwrap();
+    s.write_all(&i32::MAX.to_be_bytes()).await.unwrap();
+    assert!(closed(&mut s).await, "oversized frame");
+
+    // Garbage: a plausible length, then noise that is no request.
+    let mut s = TcpStream::connect(address).await.unwrap();
+    let mut garbage = 64i32.to_be_bytes().to_vec();
+    garbage.extend((0..64u8).map(|i| i.wrapping_mul(37)));
+    s.write_all(&garbage).await.unwrap();
+    assert!(closed(&mut s).await, "garbage");
+
+    // A Produce whose body is cut short (the frame is complete, the message is not).
+    let mut s = TcpStream::connect(address).await.unwrap();
+    let mut truncated = Vec::new();
+    truncated.extend_from_slice(&0i16.to_be_bytes()); // Produce
+    truncated.extend_from_slice(&7i16.to_be_bytes());
+    truncated.extend_from_slice(&1i32.to_be_bytes());
+    truncated.extend_from_slice(&(-1i16).to_be_bytes());
+    truncated.extend_from_slice(&(-1i16).to_be_bytes()); // transactional id: null
+    truncated.extend_from_slice(&(-1i16).to_be_bytes()); // acks
+    let mut frame = (truncated.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&truncated);
+    s.write_all(&frame).await.unwrap();
+    assert!(closed(&mut s).await, "truncated request");
+
+    // A frame that stops half-way, then the peer goes away.
+    let mut s = TcpStream::connect(address).await.unwrap();
+    s.write_all(&100i32.to_be_bytes()).await.unwrap();
+    s.write_all(&[0u8; 10]).await.unwrap();
+    drop(s);
+
+    // A forged array length inside a small request (would be a 2^31-element allocation).
+    let mut s = TcpStream::connect(address).await.unwrap();
+    let mut forged = Vec::new();
+    forged.extend_from_slice(&3i16.to_be_bytes()); // Metadata v1
+    forged.extend_from_slice(&1i16.to_be_bytes());
+    forged.extend_from_slice(&2i32.to_be_bytes());
+    forged.extend_from_slice(&(-1i16).to_be_bytes());
+    forged.extend_from_slice(&i32::MAX.to_be_bytes()); // topics: 2^31 - 1 of them
+    let mut frame = (forged.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&forged);
+    s.write_all(&frame).await.unwrap();
+    assert!(closed(&mut s).await, "forged array length");
+
+    // An unknown API key: closed without a response.
+    let mut s = TcpStream::connect(address).await.unwrap();
+    let mut unknown = api_versions_frame(0, 3);
+    unknown[4..6].copy_from_slice(&999i16.to_be_bytes());
+    s.write_all(&unknown).await.unwrap();
+    assert!(closed(&mut s).await, "unknown api key");
+
+    // ApiVersions at a version the node does not speak: UNSUPPORTED_VERSION (35), as Kafka does.
+    let mut s = TcpStream::connect(address).await.unwrap();
+    s.write_all(&api_versions_frame(99, 4)).await.unwrap();
+    assert_eq!(read_api_versions(&mut s).await, (4, 35));
+
+    // The node is up: a new client is served, and pipelined requests come back in order.
+    let mut s = TcpStream::connect(address).await.unwrap();
+    let mut two = api_versions_frame(0, 10);
+    two.extend(api_versions_frame(0, 11));
+    s.write_all(&two).await.unwrap();
+    assert_eq!(read_api_versions(&mut s).await, (10, 0));
+    assert_eq!(read_api_versions(&mut s).await, (11, 0));
+    // And the gRPC face still works, with nothing stored by the bad requests.
+    let ours = read_topic(&cluster, "input", Isolation::ReadUncommitted).await;
+    assert!(ours.values().all(Vec::is_empty), "{ours:?}");
+    cluster.shutdown().await.unwrap();
+}
+
+// ---- consume-transform-produce with a consumer group --------------------------------------
+
+/// A running `processor.py`, its "committed N" lines readable.
+struct Processor {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+async fn start_processor(python: &Path, bootstrap: &str, txn_id: &str, stop: &Path) -> Processor {
+    let dir = repo_root().join("integration-tests/kafka");
+    let mut child = tokio::process::Command::new(python)
+        .arg(dir.join("processor.py"))
+        .args([bootstrap, "ctp", txn_id])
+        .arg(stop)
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python starts");
+    let stdout = child.stdout.take().unwrap();
+    Processor {
+        child,
+        lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+    }
+}
+
+impl Processor {
+    /// Waits until the processor reports at least `records` committed.
+    async fn committed_at_least(&mut self, records: u64) {
+        let wait = async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                let done = line
+                    .strip_prefix("committed ")
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .is_some_and(|n| n >= records);
+                if done {
+                    return;
+                }
+            }
+            panic!("the processor exited before committing {records} records");
+        };
+        tokio::time::timeout(SCRIPT_TIMEOUT, wait)
+            .await
+            .expect("the processor makes progress");
+    }
+
+    /// Waits for a clean exit after the stop file appeared; returns what it printed last.
+    async fn finish(mut self) -> Value {
+        let mut last = String::new();
+        let read = async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                last = line;
+            }
+            self.child.wait().await.unwrap()
+        };
+        let status = tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("the processor stops");
+        assert!(status.success(), "processor failed: {status}");
+        serde_json::from_str(&last).unwrap_or_else(|e| panic!("{e}: {last}"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_killed_processor() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    const PER_PARTITION: usize = 400;
+    let mut input = IdempotentProducer::connect(config(&cluster)).await.unwrap();
+    let mut expected = std::collections::BTreeSet::new();
+    for p in 0..3 {
+        for chunk in 0..(PER_PARTITION / 50) {
+            let values: Vec<Vec<u8>> = (0..50)
+                .map(|i| format!("in-{p}-{}", chunk * 50 + i).into_bytes())
+                .collect();
+            for v in &values {
+                expected.insert(format!("out-{}", String::from_utf8_lossy(v)));
+            }
+            input
+                .send_batch("input", producer_client::Target::Partition(p), values)
+                .await
+                .unwrap();
+        }
+    }
+    let dir = tempfile_dir();
+    let stop = dir.join("stop");
+    let mut a = start_processor(&python, &bootstrap, "processor-a", &stop).await;
+    let b = start_processor(&python, &bootstrap, "processor-b", &stop).await;
+    a.committed_at_least(100).await;
+    // Kill A mid-run (no LeaveGroup, maybe an open transaction) and start its replacement.
+    a.child.start_kill().unwrap();
+    a.child.wait().await.unwrap();
+    let a2 = start_processor(&python, &bootstrap, "processor-a", &stop).await;
+
+    let total = expected.len();
+    testkit::poll::wait_until(SCRIPT_TIMEOUT, "every input record processed", || {
+        let cluster = &cluster;
+        async move {
+            let out =
+                integration_tests::read_topic_now(cluster, "output", Isolation::ReadCommitted)
+                    .await;
+            out.values().map(Vec::len).sum::<usize>() >= total
+        }
+    })
+    .await;
+    std::fs::write(&stop, b"stop").unwrap();
+    let (rb, ra2) = (b.finish().await, a2.finish().await);
+
+    // Exactly once: every input record's output is there once, nothing else.
+    let out = read_topic(&cluster, "output", Isolation::ReadCommitted).await;
+    let values: Vec<&String> = out.values().flatten().collect();
+    assert_eq!(values.len(), total, "duplicates or losses ({rb}, {ra2})");
+    let got: std::collections::BTreeSet<String> = values.into_iter().cloned().collect();
+    assert_eq!(got, expected);
+    // The group's committed offsets are the end of the input.
+    let mut consumer =
+        producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    let committed = consumer.committed_offsets("ctp", &[]).await.unwrap();
+    for p in 0..3 {
+        assert_eq!(
+            committed.get(&tp("input", p)),
+            Some(&(PER_PARTITION as i64)),
+            "{committed:?}"
+        );
+    }
+    cluster.shutdown().await.unwrap();
+}
+
+/// A fresh directory under the system temp dir (removed by the OS; tests never share one).
+fn tempfile_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "minibroker-kafka-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Benchmark (ignored by default; run with
+/// `cargo test --release -p integration-tests --test kafka_clients -- --ignored --nocapture bench`):
+/// confluent-kafka's producer (1 KiB records, idempotent, linger.ms=5) against the Kafka face,
+/// next to our own gRPC idempotent producer (1 KiB records, 100-record batches, one request in
+/// flight, round-robin over the partitions) in the same run, against the same cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a benchmark"]
+async fn bench_confluent_kafka_producer_vs_grpc_produce() {
+    let Some(python) = python().await else { return };
+    let seconds: u64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+
+    let mut grpc = IdempotentProducer::connect(config(&cluster)).await.unwrap();
+    let value = vec![b'x'; 1024];
+    let start = std::time::Instant::now();
+    let mut sent = 0usize;
+    while start.elapsed() < Duration::from_secs(seconds) {
+        let batch = vec![value.clone(); 100];
+        let target = producer_client::Target::Partition((sent / 100 % 3) as i32);
+        grpc.send_batch("input", target, batch).await.unwrap();
+        sent += 100;
+    }
+    let grpc_rate = sent as f64 / start.elapsed().as_secs_f64();
+
+    let report = run_script(
+        &python,
+        "bench_producer.py",
+        &bootstrap,
+        &["output", &seconds.to_string()],
+    )
+    .await;
+    let kafka_rate = report["records_per_sec"].as_f64().unwrap();
+    println!(
+        "BENCH gRPC produce: {grpc_rate:.0} records/s ({:.1} MiB/s); confluent-kafka: \
+         {kafka_rate:.0} records/s ({:.1} MiB/s); ratio kafka/gRPC = {:.2}",
+        grpc_rate / 1024.0,
+        kafka_rate / 1024.0,
+        kafka_rate / grpc_rate
+    );
+    cluster.shutdown().await.unwrap();
+}
+
+// ---- admin APIs over the raw Kafka protocol ---------------------------------------------------
+
+/// One request/response over a fresh Kafka connection, encoded and decoded with `kafka-protocol`.
+async fn kafka_call(
+    address: std::net::SocketAddr,
+    key: kafka_protocol::messages::ApiKey,
+    version: i16,
+    request: kafka_protocol::messages::RequestKind,
+) -> kafka_protocol::messages::ResponseKind {
+    use kafka_protocol::messages::{RequestHeader, ResponseHeader, ResponseKind};
+    use kafka_protocol::protocol::{Decodable, Encodable};
+    let mut header = RequestHeader::default();
+    header.request_api_key = key as i16;
+    header.request_api_version = version;
+    header.correlation_id = 42;
+    header.client_id = Some(kafka_wire::str_bytes("test"));
+    let mut body = bytes::BytesMut::new();
+    header
+        .encode(&mut body, key.request_header_version(version))
+        .unwrap();
+    request.encode(&mut body, version).unwrap();
+    let mut s = TcpStream::connect(address).await.unwrap();
+    s.write_all(&(body.len() as i32).to_be_bytes())
+        .await
+        .unwrap();
+    s.write_all(&body).await.unwrap();
+    let len = s.read_i32().await.unwrap();
+    let mut frame = vec![0u8; len as usize];
+    s.read_exact(&mut frame).await.unwrap();
+    let mut frame = bytes::Bytes::from(frame);
+    let header = ResponseHeader::decode(&mut frame, key.response_header_version(version)).unwrap();
+    assert_eq!(header.correlation_id, 42);
+    ResponseKind::decode(key, &mut frame, version).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_and_producers_are_described_over_the_kafka_protocol() {
+    use kafka_protocol::messages::*;
+    let cluster = cluster().await;
+    let mut producer = integration_tests::producer(&cluster, "admin-txn").await;
+    producer.begin_transaction().unwrap();
+    producer
+        .send_and_wait("output", producer_client::Target::Partition(0), "open")
+        .await
+        .unwrap();
+    let pid = producer.producer_id();
+    let any = cluster.kafka_address(cluster.leader_ids()[0]).unwrap();
+
+    // FindCoordinator (TRANSACTION) from a leader names the owning coordinator's Kafka address.
+    let mut find = FindCoordinatorRequest::default();
+    find.key = kafka_wire::str_bytes("admin-txn");
+    find.key_type = 1;
+    let ResponseKind::FindCoordinator(found) = kafka_call(
+        any,
+        ApiKey::FindCoordinator,
+        3,
+        RequestKind::FindCoordinator(find),
+    )
+    .await
+    else {
+        panic!("FindCoordinator response")
+    };
+    assert_eq!(found.error_code, 0);
+    assert_eq!(found.node_id.0, cluster.coordinator_for("admin-txn"));
+    let coordinator = cluster.kafka_address(found.node_id.0).unwrap();
+    assert_eq!(found.port, i32::from(coordinator.port()));
+
+    let mut describe = DescribeTransactionsRequest::default();
+    describe.transactional_ids = vec![TransactionalId(kafka_wire::str_bytes("admin-txn"))];
+    let ResponseKind::DescribeTransactions(described) = kafka_call(
+        coordinator,
+        ApiKey::DescribeTransactions,
+        0,
+        RequestKind::DescribeTransactions(describe),
+    )
+    .await
+    else {
+        panic!("DescribeTransactions response")
+    };
+    let state = &described.transaction_states[0];
+    assert_eq!(state.error_code, 0);
+    assert_eq!(state.transaction_state.as_str(), "Ongoing");
+    assert_eq!(state.producer_id.0, pid);
+    assert_eq!(state.topics[0].topic.0.as_str(), "output");
+    assert_eq!(state.topics[0].partitions, vec![0]);
+
+    let ResponseKind::ListTransactions(listed) = kafka_call(
+        coordinator,
+        ApiKey::ListTransactions,
+        1,
+        RequestKind::ListTransactions(ListTransactionsRequest::default()),
+    )
+    .await
+    else {
+        panic!("ListTransactions response")
+    };
+    assert!(listed
+        .transaction_states
+        .iter()
+        .any(|t| t.transactional_id.0.as_str() == "admin-txn"
+            && t.transaction_state.as_str() == "Ongoing"));
+
+    // DescribeProducers at the partition's leader: the open transaction starts at offset 0.
+    let leader = cluster.topology().leader_for("output", 0).unwrap().id;
+    let mut producers = DescribeProducersRequest::default();
+    let mut topic = describe_producers_request::TopicRequest::default();
+    topic.name = TopicName(kafka_wire::str_bytes("output"));
+    topic.partition_indexes = vec![0];
+    producers.topics = vec![topic];
+    let ResponseKind::DescribeProducers(described) = kafka_call(
+        cluster.kafka_address(leader).unwrap(),
+        ApiKey::DescribeProducers,
+        0,
+        RequestKind::DescribeProducers(producers),
+    )
+    .await
+    else {
+        panic!("DescribeProducers response")
+    };
+    let partition = &described.topics[0].partitions[0];
+    assert_eq!(partition.error_code, 0);
+    let active = &partition.active_producers[0];
+    assert_eq!(active.producer_id.0, pid);
+    assert_eq!(active.current_txn_start_offset, 0);
+
+    // A leader is not a coordinator: NOT_COORDINATOR (16), as a Kafka broker would say.
+    let mut add = AddOffsetsToTxnRequest::default();
+    add.transactional_id = TransactionalId(kafka_wire::str_bytes("admin-txn"));
+    add.group_id = GroupId(kafka_wire::str_bytes("g"));
+    let ResponseKind::AddOffsetsToTxn(refused) = kafka_call(
+        cluster.kafka_address(leader).unwrap(),
+        ApiKey::AddOffsetsToTxn,
+        3,
+        RequestKind::AddOffsetsToTxn(add),
+    )
+    .await
+    else {
+        panic!("AddOffsetsToTxn response")
+    };
+    assert_eq!(refused.error_code, 16);
+    producer.abort_transaction().await.unwrap();
+    cluster.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
+    use kafka_protocol::messages::*;
+    let cluster = cluster().await;
+    let (txn, group) = ("kip447-txn", "kip447-group");
+    let txn_coordinator = cluster.kafka_address(cluster.coordinator_for(txn)).unwrap();
+    let group_coordinator = cluster
+        .kafka_address(cluster.coordinator_for(group))
+        .unwrap();
+    fn s(v: &str) -> kafka_protocol::protocol::StrBytes {
+        kafka_wire::str_bytes(v)
+    }
+
+    // A transactional producer (transaction version 1, as a Kafka client) adds the group.
+    let mut init = InitProducerIdRequest::default();
+    init.transactional_id = Some(TransactionalId(s(txn)));
+    init.transaction_timeout_ms = 60_000;
+    let ResponseKind::InitProducerId(init) = kafka_call(
+        txn_coordinator,
+        ApiKey::InitProducerId,
+        4,
+        RequestKind::InitProducerId(init),
+    )
+    .await
+    else {
+        panic!("InitProducerId response")
+    };
+    assert_eq!(init.error_code, 0);
+    let mut add = AddOffsetsToTxnRequest::default();
+    add.transactional_id = TransactionalId(s(txn));
+    add.producer_id = init.producer_id;
+    add.producer_epoch = init.producer_epoch;
+    add.group_id = GroupId(s(group));
+    let ResponseKind::AddOffsetsToTxn(added) = kafka_call(
+        txn_coordinator,
+        ApiKey::AddOffsetsToTxn,
+        3,
+        RequestKind::AddOffsetsToTxn(add),
+    )
+    .await
+    else {
+        panic!("AddOffsetsToTxn response")
+    };
+    assert_eq!(added.error_code, 0);
+
+    // A member joins (v5: MEMBER_ID_REQUIRED first) and syncs: generation 1.
+    let join = |member: &str| {
+        let mut j = JoinGroupRequest::default();
+        j.group_id = GroupId(s(group));
+        j.session_timeout_ms = 30_000;
+        j.rebalance_timeout_ms = 30_000;
+        j.member_id = s(member);
+        j.protocol_type = s("consumer");
+        let mut p = join_group_request::JoinGroupRequestProtocol::default();
+        p.name = s("range");
+        j.protocols = vec![p];
+        RequestKind::JoinGroup(j)
+    };
+    let ResponseKind::JoinGroup(first) =
+        kafka_call(group_coordinator, ApiKey::JoinGroup, 5, join("")).await
+    else {
+        panic!("JoinGroup response")
+    };
+    assert_eq!(first.error_code, 79, "MEMBER_ID_REQUIRED");
+    let member = first.member_id.to_string();
+    let ResponseKind::JoinGroup(joined) =
+        kafka_call(group_coordinator, ApiKey::JoinGroup, 5, join(&member)).await
+    else {
+        panic!("JoinGroup response")
+    };
+    assert_eq!((joined.error_code, joined.generation_id), (0, 1));
+    assert_eq!(joined.leader.as_str(), member);
+
+    let commit = |generation: i32, offset: i64| {
+        let mut c = TxnOffsetCommitRequest::default();
+        c.transactional_id = TransactionalId(s(txn));
+        c.group_id = GroupId(s(group));
+        c.producer_id = init.producer_id;
+        c.producer_epoch = init.producer_epoch;
+        c.generation_id = generation;
+        c.member_id = s(member.as_str());
+        let mut t = txn_offset_commit_request::TxnOffsetCommitRequestTopic::default();
+        t.name = TopicName(s("input"));
+        let mut p = txn_offset_commit_request::TxnOffsetCommitRequestPartition::default();
+        p.partition_index = 0;
+        p.committed_offset = offset;
+        t.partitions = vec![p];
+        c.topics = vec![t];
+        RequestKind::TxnOffsetCommit(c)
+    };
+    let code = |r: ResponseKind| match r {
+        ResponseKind::TxnOffsetCommit(r) => r.topics[0].partitions[0].error_code,
+        other => panic!("unexpected {other:?}"),
+    };
+    // The current generation commits (at the group's coordinator, forwarded if need be).
+    let r = kafka_call(group_coordinator, ApiKey::TxnOffsetCommit, 3, commit(1, 5)).await;
+    assert_eq!(code(r), 0);
+    // The member rejoins: generation 2. A commit still carrying generation 1 is a zombie's.
+    let ResponseKind::JoinGroup(rejoined) =
+        kafka_call(group_coordinator, ApiKey::JoinGroup, 5, join(&member)).await
+    else {
+        panic!("JoinGroup response")
+    };
+    assert_eq!(rejoined.generation_id, 2);
+    let r = kafka_call(group_coordinator, ApiKey::TxnOffsetCommit, 3, commit(1, 9)).await;
+    assert_eq!(code(r), 22, "ILLEGAL_GENERATION");
+    let r = kafka_call(group_coordinator, ApiKey::TxnOffsetCommit, 3, commit(2, 7)).await;
+    assert_eq!(code(r), 0);
+
+    // Commit: the group's offset is the generation-2 one, never the zombie's.
+    let mut end = EndTxnRequest::default();
+    end.transactional_id = TransactionalId(s(txn));
+    end.producer_id = init.producer_id;
+    end.producer_epoch = init.producer_epoch;
+    end.committed = true;
+    let ResponseKind::EndTxn(ended) =
+        kafka_call(txn_coordinator, ApiKey::EndTxn, 3, RequestKind::EndTxn(end)).await
+    else {
+        panic!("EndTxn response")
+    };
+    assert_eq!(ended.error_code, 0);
+    let mut consumer =
+        producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let committed = consumer.committed_offsets(group, &[]).await.unwrap();
+        if committed.get(&tp("input", 0)) == Some(&7) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the group marker never arrived: {committed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cluster.shutdown().await.unwrap();
+}
