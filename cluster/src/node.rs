@@ -166,6 +166,41 @@ pub fn wait_until_unlocked(dir: &Path, timeout: Duration) -> std::io::Result<()>
     }
 }
 
+/// What a node binary starts beside its gRPC listener: the optional Kafka listener (bound here,
+/// so a taken port fails the start), the optional metrics endpoint, and the stop future that
+/// resolves on ctrl-c or SIGTERM (and stops the endpoint too).
+pub async fn binary_extras(
+    kafka_listen: Option<&str>,
+    metrics_listen: Option<&str>,
+    metrics: crate::metrics::Metrics,
+) -> std::io::Result<(
+    Option<tokio::net::TcpListener>,
+    impl std::future::Future<Output = ()> + Send + 'static,
+)> {
+    let kafka = match kafka_listen {
+        Some(address) => Some(tokio::net::TcpListener::bind(address).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("binding the Kafka listener {address}: {e}"),
+            )
+        })?),
+        None => None,
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    if let Some(address) = metrics_listen {
+        let (bound, _) = crate::metrics::spawn_endpoint(address, metrics, stopped.clone()).await?;
+        tracing::info!(address = %bound, "metrics at /metrics");
+    }
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let mut stopped = stopped;
+    Ok((kafka, async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

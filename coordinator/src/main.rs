@@ -90,29 +90,13 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(node_id = args.node_id, address = %listener.local_addr()?, "coordinator listening");
-    let kafka_listener = match &args.kafka_listen {
-        Some(address) => Some(
-            tokio::net::TcpListener::bind(address)
-                .await
-                .with_context(|| format!("binding the Kafka listener {address}"))?,
-        ),
-        None => None,
-    };
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    if let Some(address) = &args.metrics_listen {
-        let (bound, _) =
-            cluster::metrics::spawn_endpoint(address, config.metrics.clone(), stopped.clone())
-                .await?;
-        tracing::info!(address = %bound, "metrics at /metrics");
-    }
-    tokio::spawn(async move {
-        cluster::node::shutdown_signal().await;
-        let _ = stop.send(true);
-    });
-    let mut stopped = stopped.clone();
-    coordinator::serve_with_kafka(config, listener, kafka_listener, async move {
-        let _ = stopped.wait_for(|s| *s).await;
-    })
-    .await
-    .context("coordinator failed")
+    let (kafka_listener, stop) = cluster::node::binary_extras(
+        args.kafka_listen.as_deref(),
+        args.metrics_listen.as_deref(),
+        config.metrics.clone(),
+    )
+    .await?;
+    coordinator::serve_with_kafka(config, listener, kafka_listener, stop)
+        .await
+        .context("coordinator failed")
 }
