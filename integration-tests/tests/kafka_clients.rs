@@ -912,3 +912,144 @@ async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
     }
     cluster.shutdown().await.unwrap();
 }
+
+/// KIP-447: between a transaction's TxnOffsetCommit and its marker reaching the group, an
+/// OffsetFetch that requires stable offsets (a read_committed consumer taking a partition over
+/// in a rebalance) gets UNSTABLE_OFFSET_COMMIT and retries; reading the older offset there
+/// would make it process the transaction's input a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stable_offset_fetch_waits_for_the_pending_transactional_offsets() {
+    use kafka_protocol::messages::*;
+    let cluster = cluster().await;
+    let (txn, group) = ("kip447-stable-txn", "kip447-stable-group");
+    let txn_coordinator = cluster.kafka_address(cluster.coordinator_for(txn)).unwrap();
+    let group_coordinator = cluster
+        .kafka_address(cluster.coordinator_for(group))
+        .unwrap();
+    fn s(v: &str) -> kafka_protocol::protocol::StrBytes {
+        kafka_wire::str_bytes(v)
+    }
+    let mut init = InitProducerIdRequest::default();
+    init.transactional_id = Some(TransactionalId(s(txn)));
+    init.transaction_timeout_ms = 60_000;
+    let ResponseKind::InitProducerId(init) = kafka_call(
+        txn_coordinator,
+        ApiKey::InitProducerId,
+        4,
+        RequestKind::InitProducerId(init),
+    )
+    .await
+    else {
+        panic!("InitProducerId response")
+    };
+    assert_eq!(init.error_code, 0);
+
+    // One transaction that commits offset `offset` for input-0 and ends with `commit`.
+    let transaction = |offset: i64| async move {
+        let mut add = AddOffsetsToTxnRequest::default();
+        add.transactional_id = TransactionalId(s(txn));
+        add.producer_id = init.producer_id;
+        add.producer_epoch = init.producer_epoch;
+        add.group_id = GroupId(s(group));
+        let ResponseKind::AddOffsetsToTxn(added) = kafka_call(
+            txn_coordinator,
+            ApiKey::AddOffsetsToTxn,
+            3,
+            RequestKind::AddOffsetsToTxn(add),
+        )
+        .await
+        else {
+            panic!("AddOffsetsToTxn response")
+        };
+        assert_eq!(added.error_code, 0);
+        // No member id and no generation: a group without members accepts it.
+        let mut c = TxnOffsetCommitRequest::default();
+        c.transactional_id = TransactionalId(s(txn));
+        c.group_id = GroupId(s(group));
+        c.producer_id = init.producer_id;
+        c.producer_epoch = init.producer_epoch;
+        c.generation_id = -1;
+        let mut t = txn_offset_commit_request::TxnOffsetCommitRequestTopic::default();
+        t.name = TopicName(s("input"));
+        let mut p = txn_offset_commit_request::TxnOffsetCommitRequestPartition::default();
+        p.partition_index = 0;
+        p.committed_offset = offset;
+        t.partitions = vec![p];
+        c.topics = vec![t];
+        let ResponseKind::TxnOffsetCommit(r) = kafka_call(
+            group_coordinator,
+            ApiKey::TxnOffsetCommit,
+            3,
+            RequestKind::TxnOffsetCommit(c),
+        )
+        .await
+        else {
+            panic!("TxnOffsetCommit response")
+        };
+        assert_eq!(r.topics[0].partitions[0].error_code, 0);
+    };
+    let end = |commit: bool| async move {
+        let mut end = EndTxnRequest::default();
+        end.transactional_id = TransactionalId(s(txn));
+        end.producer_id = init.producer_id;
+        end.producer_epoch = init.producer_epoch;
+        end.committed = commit;
+        let ResponseKind::EndTxn(ended) =
+            kafka_call(txn_coordinator, ApiKey::EndTxn, 3, RequestKind::EndTxn(end)).await
+        else {
+            panic!("EndTxn response")
+        };
+        assert_eq!(ended.error_code, 0);
+    };
+    // (error code, offset) of input-0, as OffsetFetch v7 answers it.
+    let fetch = |require_stable: bool| async move {
+        let mut f = OffsetFetchRequest::default();
+        f.group_id = GroupId(s(group));
+        let mut t = offset_fetch_request::OffsetFetchRequestTopic::default();
+        t.name = TopicName(s("input"));
+        t.partition_indexes = vec![0];
+        f.topics = Some(vec![t]);
+        f.require_stable = require_stable;
+        let ResponseKind::OffsetFetch(r) = kafka_call(
+            group_coordinator,
+            ApiKey::OffsetFetch,
+            7,
+            RequestKind::OffsetFetch(f),
+        )
+        .await
+        else {
+            panic!("OffsetFetch response")
+        };
+        assert_eq!(r.error_code, 0);
+        let p = &r.topics[0].partitions[0];
+        (p.error_code, p.committed_offset)
+    };
+    let stable_offset = || async move {
+        testkit::poll::eventually_within(Duration::from_secs(20), "stable offsets", || async {
+            let (code, offset) = fetch(true).await;
+            (code == 0).then_some(offset)
+        })
+        .await
+    };
+
+    transaction(5).await;
+    assert_eq!(fetch(true).await, (88, -1), "UNSTABLE_OFFSET_COMMIT");
+    assert_eq!(
+        fetch(false).await,
+        (0, -1),
+        "without require_stable: the last committed"
+    );
+    end(true).await;
+    assert_eq!(
+        stable_offset().await,
+        5,
+        "the marker made it stable and visible"
+    );
+
+    // An aborted transaction's offset is pending too, and then dropped.
+    transaction(9).await;
+    assert_eq!(fetch(true).await, (88, -1));
+    end(false).await;
+    assert_eq!(stable_offset().await, 5);
+    cluster.shutdown().await.unwrap();
+}
