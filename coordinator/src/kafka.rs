@@ -780,6 +780,8 @@ impl KafkaCoordinator {
                             &cluster::TopicPartition::new(&o.topic, o.partition),
                         )
                     {
+                        tracing::debug!(group = %group_id, topic = %o.topic, partition = o.partition,
+                                        "offset fetch: a transaction's offset is pending");
                         p.committed_offset = -1;
                         p.error_code = ResponseError::UnstableOffsetCommit.code();
                     }
