@@ -292,6 +292,11 @@ impl GroupMembership {
         };
         for m in self.members.values_mut() {
             m.assignment.clear();
+            // A parked SyncGroup is answered REBALANCE_IN_PROGRESS now; its session restarts
+            // from this answer, as for a completed sync.
+            if m.awaiting_sync {
+                m.last_seen_ms = now_ms;
+            }
         }
     }
 
@@ -405,6 +410,12 @@ impl GroupMembership {
                         .find(|(a, _)| a == id)
                         .map(|(_, bytes)| bytes.clone())
                         .unwrap_or_default();
+                    // As Kafka does when it hands out the assignment, a member whose SyncGroup
+                    // waited for the leader starts a fresh session now: it could not heartbeat
+                    // while it waited.
+                    if m.awaiting_sync {
+                        m.last_seen_ms = now_ms;
+                    }
                 }
                 self.state = GroupState::Stable;
             }
@@ -707,5 +718,33 @@ mod tests {
             Err(GroupError::FencedInstanceId(m.clone()))
         );
         assert_eq!(empty.check_commit(&m, 1, Some("i-1")), Ok(()));
+    }
+
+    #[test]
+    fn a_follower_that_waited_for_the_leaders_sync_keeps_its_session() {
+        let mut g = GroupMembership::new("g");
+        let a = g.join(join("", &["range"]), 0).unwrap();
+        g.join_result(&a).unwrap().unwrap();
+        g.sync(&a, 1, vec![], 0).unwrap();
+        g.sync_result(&a, 1).unwrap().unwrap();
+        let b = g.join(join("", &["range"]), 10).unwrap();
+        g.join(join(&a, &["range"]), 20).unwrap();
+        g.join_result(&a).unwrap().unwrap();
+        g.join_result(&b).unwrap().unwrap();
+        // B's SyncGroup waits 9.5 s for the leader's (a busy leader); B cannot heartbeat
+        // meanwhile, and its 10 s session must not run out from under it once it is answered.
+        g.sync(&b, 2, vec![], 100).unwrap();
+        assert_eq!(g.tick(9_000), Vec::<String>::new(), "parked: not expired");
+        g.heartbeat(&a, 2, 9_000).unwrap();
+        g.sync(&a, 2, vec![(b.clone(), b"1".to_vec())], 9_600)
+            .unwrap();
+        assert_eq!(g.sync_result(&b, 2).unwrap().unwrap(), b"1");
+        assert_eq!(g.sync_result(&a, 2).unwrap().unwrap(), b"");
+        assert_eq!(g.tick(10_200), Vec::<String>::new());
+        assert_eq!(g.state(), GroupState::Stable);
+        assert_eq!(g.heartbeat(&b, 2, 10_300), Ok(()));
+        // Without heartbeats the fresh session does run out.
+        g.heartbeat(&a, 2, 19_000).unwrap();
+        assert_eq!(g.tick(20_400), vec![b.clone()]);
     }
 }

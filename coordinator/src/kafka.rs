@@ -17,7 +17,7 @@
 //! | AddOffsetsToTxn      | 0-3      | |
 //! | TxnOffsetCommit      | 0-3      | v3: generation and member id (KIP-447) |
 //! | EndTxn               | 0-4      | v5 is transaction version 2 |
-//! | OffsetFetch          | 1-7      | v8+ is the batched form |
+//! | OffsetFetch          | 1-7      | v7: require_stable (KIP-447); v8+ is the batched form |
 //! | ListTransactions     | 0-1      | |
 //! | DescribeTransactions | 0        | |
 //! | OffsetCommit         | 2-8      | outside transactions; checked against the membership |
@@ -33,7 +33,11 @@
 //! core expire silent members. KIP-447: a TxnOffsetCommit (v3) or an OffsetCommit that names a
 //! member and generation is checked against the group first: an older generation is
 //! ILLEGAL_GENERATION, an unknown member UNKNOWN_MEMBER_ID, another static instance
-//! FENCED_INSTANCE_ID, and nothing is recorded.
+//! FENCED_INSTANCE_ID, and nothing is recorded. An accepted TxnOffsetCommit leaves its
+//! partitions pending ([`crate::core::PendingTxnOffsets`]) until the transaction's marker for
+//! the group is applied; an OffsetFetch v7 with require_stable gets UNSTABLE_OFFSET_COMMIT for
+//! a pending partition (the client retries), so a consumer taking a partition over never
+//! starts from the offset before a transaction that already committed.
 //!
 //! Choices: AddPartitionsToTxn answers every partition of the request with the one error the
 //! core returns (it adds all or nothing), as Kafka does for a request-level failure; an
@@ -669,7 +673,31 @@ impl KafkaCoordinator {
         };
         let code = match fenced {
             Err(code) => code,
-            Ok(()) => self.txn_offset_commit_at_owner(grpc).await,
+            Ok(()) if self.service.check_owner(&group_id).is_err() => {
+                // Not the group's coordinator: the marker would never come here to complete
+                // what this node recorded as pending, so nothing is recorded.
+                self.txn_offset_commit_at_owner(grpc).await
+            }
+            Ok(()) => {
+                // KIP-447: pending from now until the transaction's marker for the group is
+                // applied here (recorded before the transaction records it, so a stable
+                // OffsetFetch can never read the older offset in between).
+                let pid = grpc.producer_id;
+                let partitions = grpc
+                    .offsets
+                    .iter()
+                    .map(|o| cluster::TopicPartition::new(o.topic.clone(), o.partition))
+                    .collect();
+                let added = self
+                    .service
+                    .record_pending_txn_offsets(&group_id, pid, partitions);
+                let code = self.txn_offset_commit_at_owner(grpc).await;
+                if code != 0 {
+                    self.service
+                        .forget_pending_txn_offsets(&group_id, pid, &added);
+                }
+                code
+            }
         };
         let mut response = TxnOffsetCommitResponse::default();
         response.topics = r
@@ -730,10 +758,13 @@ impl KafkaCoordinator {
                 })
             })
             .collect();
+        let group_id = r.group_id.0.to_string();
         let grpc = proto::OffsetFetchRequest {
-            group_id: r.group_id.0.to_string(),
+            group_id: group_id.clone(),
             partitions,
         };
+        // KIP-447 (v7+): a read_committed consumer asks for stable offsets only.
+        let require_stable = version >= 7 && r.require_stable;
         let mut response = OffsetFetchResponse::default();
         match self.service.offset_fetch(grpc).await {
             Ok(offsets) => {
@@ -743,6 +774,17 @@ impl KafkaCoordinator {
                     p.committed_offset = o.offset;
                     p.committed_leader_epoch = -1;
                     p.metadata = Some(str_bytes(""));
+                    if require_stable
+                        && self.service.txn_offset_pending(
+                            &group_id,
+                            &cluster::TopicPartition::new(&o.topic, o.partition),
+                        )
+                    {
+                        tracing::debug!(group = %group_id, topic = %o.topic, partition = o.partition,
+                                        "offset fetch: a transaction's offset is pending");
+                        p.committed_offset = -1;
+                        p.error_code = ResponseError::UnstableOffsetCommit.code();
+                    }
                     match response
                         .topics
                         .iter_mut()

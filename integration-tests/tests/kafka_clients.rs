@@ -365,13 +365,27 @@ async fn bad_input_costs_one_connection_and_the_node_serves_the_next_client() {
 
 // ---- consume-transform-produce with a consumer group --------------------------------------
 
+/// Longest a processor may go without reporting a commit, or the output topic without growing,
+/// before the test calls the run stuck. Generous next to what a healthy run needs (a rebalance
+/// waits at most for a dead member's 6 s session), so a slow machine passes and a stuck group
+/// still fails well before [`SCRIPT_TIMEOUT`].
+const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A running `processor.py`, its "committed N" lines readable.
 struct Processor {
+    name: &'static str,
     child: tokio::process::Child,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    /// The last count it reported.
+    committed: u64,
 }
 
-async fn start_processor(python: &Path, bootstrap: &str, txn_id: &str, stop: &Path) -> Processor {
+async fn start_processor(
+    python: &Path,
+    bootstrap: &str,
+    txn_id: &'static str,
+    stop: &Path,
+) -> Processor {
     let dir = repo_root().join("integration-tests/kafka");
     let mut child = tokio::process::Command::new(python)
         .arg(dir.join("processor.py"))
@@ -385,29 +399,40 @@ async fn start_processor(python: &Path, bootstrap: &str, txn_id: &str, stop: &Pa
         .expect("python starts");
     let stdout = child.stdout.take().unwrap();
     Processor {
+        name: txn_id,
         child,
         lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+        committed: 0,
     }
 }
 
 impl Processor {
-    /// Waits until the processor reports at least `records` committed.
+    /// Waits until the processor reports at least `records` committed. Progress-based: fails
+    /// when it reports no new commit for [`STALL_TIMEOUT`] (or exits), not after one long wait.
     async fn committed_at_least(&mut self, records: u64) {
-        let wait = async {
-            while let Some(line) = self.lines.next_line().await.unwrap() {
-                let done = line
-                    .strip_prefix("committed ")
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .is_some_and(|n| n >= records);
-                if done {
-                    return;
-                }
+        while self.committed < records {
+            let line = tokio::time::timeout(STALL_TIMEOUT, self.lines.next_line())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{} reported no commit for {STALL_TIMEOUT:?} (at {} of {records} records)",
+                        self.name, self.committed
+                    )
+                })
+                .unwrap();
+            let Some(line) = line else {
+                panic!(
+                    "{} exited after committing {} of {records} records",
+                    self.name, self.committed
+                );
+            };
+            if let Some(n) = line
+                .strip_prefix("committed ")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                self.committed = n;
             }
-            panic!("the processor exited before committing {records} records");
-        };
-        tokio::time::timeout(SCRIPT_TIMEOUT, wait)
-            .await
-            .expect("the processor makes progress");
+        }
     }
 
     /// Waits for a clean exit after the stop file appeared; returns what it printed last.
@@ -427,46 +452,95 @@ impl Processor {
     }
 }
 
+/// Writes the input topic while the processors run: `PER_ROUND` records to each of its 3
+/// partitions every `ROUND_EVERY`, until stopped; returns what it wrote, per partition.
+///
+/// Why the input is not written all up front: with the whole input already there, whichever
+/// processor gets the group first (alone, all 3 partitions) can process every record of a
+/// partition before the first rebalance hands that partition to the other processor, which
+/// then holds only exhausted partitions and never commits anything. That happened (debug logs:
+/// processor-a assigned `input [2]` at committed offset 400, the end, and idle for good).
+/// Input that keeps arriving gives every member of the group work for as long as it holds a
+/// partition, whatever the order in which the processors joined.
+struct Feeder {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<[Vec<String>; 3]>,
+}
+
+impl Feeder {
+    const PER_ROUND: usize = 5;
+    const ROUND_EVERY: Duration = Duration::from_millis(100);
+
+    async fn start(cluster: &minibroker::EmbeddedCluster) -> Self {
+        let mut input = IdempotentProducer::connect(config(cluster)).await.unwrap();
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut written: [Vec<String>; 3] = Default::default();
+            let mut rounds = tokio::time::interval(Self::ROUND_EVERY);
+            while !*stopped.borrow_and_update() {
+                for (p, values) in written.iter_mut().enumerate() {
+                    let batch: Vec<String> = (values.len()..values.len() + Self::PER_ROUND)
+                        .map(|i| format!("in-{p}-{i}"))
+                        .collect();
+                    input
+                        .send_batch(
+                            "input",
+                            producer_client::Target::Partition(p as i32),
+                            batch.iter().map(|v| v.clone().into_bytes()).collect(),
+                        )
+                        .await
+                        .unwrap();
+                    values.extend(batch);
+                }
+                tokio::select! {
+                    _ = rounds.tick() => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+            written
+        });
+        Self { stop, task }
+    }
+
+    /// Stops writing; returns every value written, per partition.
+    async fn stop(self) -> [Vec<String>; 3] {
+        self.stop.send(true).unwrap();
+        self.task.await.unwrap()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_killed_processor() {
     let Some(python) = python().await else { return };
     let cluster = cluster().await;
     let bootstrap = cluster.kafka_bootstrap().join(",");
-    const PER_PARTITION: usize = 400;
-    let mut input = IdempotentProducer::connect(config(&cluster)).await.unwrap();
-    let mut expected = std::collections::BTreeSet::new();
-    for p in 0..3 {
-        for chunk in 0..(PER_PARTITION / 50) {
-            let values: Vec<Vec<u8>> = (0..50)
-                .map(|i| format!("in-{p}-{}", chunk * 50 + i).into_bytes())
-                .collect();
-            for v in &values {
-                expected.insert(format!("out-{}", String::from_utf8_lossy(v)));
-            }
-            input
-                .send_batch("input", producer_client::Target::Partition(p), values)
-                .await
-                .unwrap();
-        }
-    }
+    let feeder = Feeder::start(&cluster).await;
     let dir = tempfile_dir();
     let stop = dir.join("stop");
     let mut a = start_processor(&python, &bootstrap, "processor-a", &stop).await;
     let b = start_processor(&python, &bootstrap, "processor-b", &stop).await;
     a.committed_at_least(100).await;
-    // Kill A mid-run (no LeaveGroup, maybe an open transaction) and start its replacement.
+    // Kill A mid-run (no LeaveGroup, maybe an open transaction) and start its replacement; the
+    // input is still flowing, so the replacement has work once the group gives it partitions.
     a.child.start_kill().unwrap();
     a.child.wait().await.unwrap();
-    let a2 = start_processor(&python, &bootstrap, "processor-a", &stop).await;
+    let mut a2 = start_processor(&python, &bootstrap, "processor-a", &stop).await;
+    a2.committed_at_least(1).await;
+    let written = feeder.stop().await;
+    let expected: std::collections::BTreeSet<String> = written
+        .iter()
+        .flatten()
+        .map(|v| format!("out-{v}"))
+        .collect();
 
-    let total = expected.len();
-    testkit::poll::wait_until(SCRIPT_TIMEOUT, "every input record processed", || {
+    let total = expected.len() as u64;
+    testkit::poll::wait_for_progress(STALL_TIMEOUT, "every input record processed", total, || {
         let cluster = &cluster;
         async move {
             let out =
                 integration_tests::read_topic_now(cluster, "output", Isolation::ReadCommitted)
                     .await;
-            out.values().map(Vec::len).sum::<usize>() >= total
+            out.values().map(Vec::len).sum::<usize>() as u64
         }
     })
     .await;
@@ -476,17 +550,21 @@ async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_kille
     // Exactly once: every input record's output is there once, nothing else.
     let out = read_topic(&cluster, "output", Isolation::ReadCommitted).await;
     let values: Vec<&String> = out.values().flatten().collect();
-    assert_eq!(values.len(), total, "duplicates or losses ({rb}, {ra2})");
+    assert_eq!(
+        values.len(),
+        expected.len(),
+        "duplicates or losses ({rb}, {ra2})"
+    );
     let got: std::collections::BTreeSet<String> = values.into_iter().cloned().collect();
     assert_eq!(got, expected);
     // The group's committed offsets are the end of the input.
     let mut consumer =
         producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
     let committed = consumer.committed_offsets("ctp", &[]).await.unwrap();
-    for p in 0..3 {
+    for (p, values) in written.iter().enumerate() {
         assert_eq!(
-            committed.get(&tp("input", p)),
-            Some(&(PER_PARTITION as i64)),
+            committed.get(&tp("input", p as i32)),
+            Some(&(values.len() as i64)),
             "{committed:?}"
         );
     }
@@ -832,5 +910,146 @@ async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    cluster.shutdown().await.unwrap();
+}
+
+/// KIP-447: between a transaction's TxnOffsetCommit and its marker reaching the group, an
+/// OffsetFetch that requires stable offsets (a read_committed consumer taking a partition over
+/// in a rebalance) gets UNSTABLE_OFFSET_COMMIT and retries; reading the older offset there
+/// would make it process the transaction's input a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stable_offset_fetch_waits_for_the_pending_transactional_offsets() {
+    use kafka_protocol::messages::*;
+    let cluster = cluster().await;
+    let (txn, group) = ("kip447-stable-txn", "kip447-stable-group");
+    let txn_coordinator = cluster.kafka_address(cluster.coordinator_for(txn)).unwrap();
+    let group_coordinator = cluster
+        .kafka_address(cluster.coordinator_for(group))
+        .unwrap();
+    fn s(v: &str) -> kafka_protocol::protocol::StrBytes {
+        kafka_wire::str_bytes(v)
+    }
+    let mut init = InitProducerIdRequest::default();
+    init.transactional_id = Some(TransactionalId(s(txn)));
+    init.transaction_timeout_ms = 60_000;
+    let ResponseKind::InitProducerId(init) = kafka_call(
+        txn_coordinator,
+        ApiKey::InitProducerId,
+        4,
+        RequestKind::InitProducerId(init),
+    )
+    .await
+    else {
+        panic!("InitProducerId response")
+    };
+    assert_eq!(init.error_code, 0);
+
+    // One transaction that commits offset `offset` for input-0 and ends with `commit`.
+    let transaction = |offset: i64| async move {
+        let mut add = AddOffsetsToTxnRequest::default();
+        add.transactional_id = TransactionalId(s(txn));
+        add.producer_id = init.producer_id;
+        add.producer_epoch = init.producer_epoch;
+        add.group_id = GroupId(s(group));
+        let ResponseKind::AddOffsetsToTxn(added) = kafka_call(
+            txn_coordinator,
+            ApiKey::AddOffsetsToTxn,
+            3,
+            RequestKind::AddOffsetsToTxn(add),
+        )
+        .await
+        else {
+            panic!("AddOffsetsToTxn response")
+        };
+        assert_eq!(added.error_code, 0);
+        // No member id and no generation: a group without members accepts it.
+        let mut c = TxnOffsetCommitRequest::default();
+        c.transactional_id = TransactionalId(s(txn));
+        c.group_id = GroupId(s(group));
+        c.producer_id = init.producer_id;
+        c.producer_epoch = init.producer_epoch;
+        c.generation_id = -1;
+        let mut t = txn_offset_commit_request::TxnOffsetCommitRequestTopic::default();
+        t.name = TopicName(s("input"));
+        let mut p = txn_offset_commit_request::TxnOffsetCommitRequestPartition::default();
+        p.partition_index = 0;
+        p.committed_offset = offset;
+        t.partitions = vec![p];
+        c.topics = vec![t];
+        let ResponseKind::TxnOffsetCommit(r) = kafka_call(
+            group_coordinator,
+            ApiKey::TxnOffsetCommit,
+            3,
+            RequestKind::TxnOffsetCommit(c),
+        )
+        .await
+        else {
+            panic!("TxnOffsetCommit response")
+        };
+        assert_eq!(r.topics[0].partitions[0].error_code, 0);
+    };
+    let end = |commit: bool| async move {
+        let mut end = EndTxnRequest::default();
+        end.transactional_id = TransactionalId(s(txn));
+        end.producer_id = init.producer_id;
+        end.producer_epoch = init.producer_epoch;
+        end.committed = commit;
+        let ResponseKind::EndTxn(ended) =
+            kafka_call(txn_coordinator, ApiKey::EndTxn, 3, RequestKind::EndTxn(end)).await
+        else {
+            panic!("EndTxn response")
+        };
+        assert_eq!(ended.error_code, 0);
+    };
+    // (error code, offset) of input-0, as OffsetFetch v7 answers it.
+    let fetch = |require_stable: bool| async move {
+        let mut f = OffsetFetchRequest::default();
+        f.group_id = GroupId(s(group));
+        let mut t = offset_fetch_request::OffsetFetchRequestTopic::default();
+        t.name = TopicName(s("input"));
+        t.partition_indexes = vec![0];
+        f.topics = Some(vec![t]);
+        f.require_stable = require_stable;
+        let ResponseKind::OffsetFetch(r) = kafka_call(
+            group_coordinator,
+            ApiKey::OffsetFetch,
+            7,
+            RequestKind::OffsetFetch(f),
+        )
+        .await
+        else {
+            panic!("OffsetFetch response")
+        };
+        assert_eq!(r.error_code, 0);
+        let p = &r.topics[0].partitions[0];
+        (p.error_code, p.committed_offset)
+    };
+    let stable_offset = || async move {
+        testkit::poll::eventually_within(Duration::from_secs(20), "stable offsets", || async {
+            let (code, offset) = fetch(true).await;
+            (code == 0).then_some(offset)
+        })
+        .await
+    };
+
+    transaction(5).await;
+    assert_eq!(fetch(true).await, (88, -1), "UNSTABLE_OFFSET_COMMIT");
+    assert_eq!(
+        fetch(false).await,
+        (0, -1),
+        "without require_stable: the last committed"
+    );
+    end(true).await;
+    assert_eq!(
+        stable_offset().await,
+        5,
+        "the marker made it stable and visible"
+    );
+
+    // An aborted transaction's offset is pending too, and then dropped.
+    transaction(9).await;
+    assert_eq!(fetch(true).await, (88, -1));
+    end(false).await;
+    assert_eq!(stable_offset().await, 5);
     cluster.shutdown().await.unwrap();
 }

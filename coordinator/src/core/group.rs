@@ -2,8 +2,10 @@
 //! the same rule a partition leader applies to WriteTxnMarkers ([`cluster::marker_fence`]), and
 //! [`write_group_marker`] says what an accepted marker writes.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
 use cluster::marker_fence::{self, Decision, Fenced};
-use cluster::{NodeId, ProducerEpoch, ProducerId};
+use cluster::{NodeId, ProducerEpoch, ProducerId, TopicPartition};
 
 use super::{PendingOffsets, TransactionVersion, TxnError, TxnResult};
 
@@ -129,6 +131,82 @@ pub fn write_group_marker(
         coordinator_id,
         coordinator_generation,
     }))
+}
+
+/// KIP-447's pending transactional offsets, as a group's coordinator tracks them: a
+/// TxnOffsetCommit that reached this node (the Kafka face, where Kafka clients send it) is
+/// pending for its partitions until the transaction's marker for the group is applied here. An
+/// OffsetFetch that requires stable offsets (read_committed Kafka consumers) gets
+/// UNSTABLE_OFFSET_COMMIT for such a partition and retries, instead of reading the offset from
+/// before a transaction that has already committed (its EndTxn answered) but whose marker is
+/// still on its way. A consumer that took the partition over in a rebalance would otherwise
+/// start from that older offset and process those records a second time.
+///
+/// CAVEATS: in memory only (a restarted coordinator forgets what was pending; the transaction's
+/// coordinator re-sends its markers, but an OffsetFetch in between reads the older offset); the
+/// gRPC face's TxnOffsetCommit goes to the transaction's coordinator directly and is not tracked
+/// (our own client has no require_stable OffsetFetch).
+#[derive(Clone, Debug, Default)]
+pub struct PendingTxnOffsets {
+    /// Group -> partition -> the PIDs with a pending commit for it.
+    groups: HashMap<String, BTreeMap<TopicPartition, BTreeSet<ProducerId>>>,
+}
+
+impl PendingTxnOffsets {
+    /// A TxnOffsetCommit of `producer_id` for `partitions` of `group` is about to be recorded by
+    /// the transaction: they are pending. Returns the partitions that were not pending for that
+    /// PID already, for [`Self::forget`] if the commit is then refused.
+    pub fn record(
+        &mut self,
+        group: &str,
+        producer_id: ProducerId,
+        partitions: impl IntoIterator<Item = TopicPartition>,
+    ) -> Vec<TopicPartition> {
+        let pending = self.groups.entry(group.to_string()).or_default();
+        partitions
+            .into_iter()
+            .filter(|tp| pending.entry(tp.clone()).or_default().insert(producer_id))
+            .collect()
+    }
+
+    /// The commit [`Self::record`] announced was refused: `partitions` (what it returned) are
+    /// no longer pending for `producer_id`.
+    pub fn forget(&mut self, group: &str, producer_id: ProducerId, partitions: &[TopicPartition]) {
+        if let Some(pending) = self.groups.get_mut(group) {
+            for tp in partitions {
+                if let Some(pids) = pending.get_mut(tp) {
+                    pids.remove(&producer_id);
+                    if pids.is_empty() {
+                        pending.remove(tp);
+                    }
+                }
+            }
+            if pending.is_empty() {
+                self.groups.remove(group);
+            }
+        }
+    }
+
+    /// The transaction of `producer_id` ended for `group` (its marker was applied, COMMIT or
+    /// ABORT): nothing of it is pending any more.
+    pub fn complete(&mut self, group: &str, producer_id: ProducerId) {
+        if let Some(pending) = self.groups.get_mut(group) {
+            pending.retain(|_, pids| {
+                pids.remove(&producer_id);
+                !pids.is_empty()
+            });
+            if pending.is_empty() {
+                self.groups.remove(group);
+            }
+        }
+    }
+
+    /// Whether a transaction has an offset for `tp` of `group` that is not applied yet.
+    pub fn is_pending(&self, group: &str, tp: &TopicPartition) -> bool {
+        self.groups
+            .get(group)
+            .is_some_and(|pending| pending.contains_key(tp))
+    }
 }
 
 #[cfg(test)]
@@ -287,5 +365,41 @@ mod tests {
             write_group_marker(&fence(Some(3), Some(2)), group_marker(7, 3, 2)).unwrap(),
             None
         );
+    }
+
+    // ---- pending transactional offsets (KIP-447) ------------------------------------------
+
+    #[test]
+    fn offsets_are_pending_from_the_commit_until_the_marker() {
+        let tp = |p| TopicPartition::new("input", p);
+        let mut pending = PendingTxnOffsets::default();
+        assert!(!pending.is_pending("g", &tp(0)));
+        assert_eq!(pending.record("g", 7, [tp(0), tp(1)]), vec![tp(0), tp(1)]);
+        // A second commit in the same transaction adds only what is new.
+        assert_eq!(pending.record("g", 7, [tp(1), tp(2)]), vec![tp(2)]);
+        pending.record("g", 8, [tp(1)]);
+        assert!(pending.is_pending("g", &tp(0)));
+        assert!(!pending.is_pending("other", &tp(0)));
+        // PID 7's marker: only PID 8's partition stays pending.
+        pending.complete("g", 7);
+        assert!(!pending.is_pending("g", &tp(0)));
+        assert!(pending.is_pending("g", &tp(1)));
+        assert!(!pending.is_pending("g", &tp(2)));
+        pending.complete("g", 8);
+        assert!(!pending.is_pending("g", &tp(1)));
+        assert!(pending.groups.is_empty());
+    }
+
+    #[test]
+    fn a_refused_commit_forgets_only_what_it_added() {
+        let tp = |p| TopicPartition::new("input", p);
+        let mut pending = PendingTxnOffsets::default();
+        pending.record("g", 7, [tp(0)]);
+        let added = pending.record("g", 7, [tp(0), tp(1)]);
+        pending.forget("g", 7, &added);
+        assert!(pending.is_pending("g", &tp(0)), "the earlier commit stays");
+        assert!(!pending.is_pending("g", &tp(1)));
+        pending.complete("g", 7);
+        assert!(pending.groups.is_empty());
     }
 }

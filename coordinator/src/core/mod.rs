@@ -98,7 +98,9 @@ mod pid;
 mod tests;
 mod txn;
 
-pub use group::{write_group_marker, GroupMarker, GroupMarkerFence, GroupMarkerWrite};
+pub use group::{
+    write_group_marker, GroupMarker, GroupMarkerFence, GroupMarkerWrite, PendingTxnOffsets,
+};
 pub use markers::{complete_markers, marker_reply, marker_unroutable, MarkerJob, MarkerReply};
 pub use pid::{PidAllocation, PidAllocator, PID_BLOCK_SIZE};
 pub use txn::{

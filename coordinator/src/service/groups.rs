@@ -54,12 +54,15 @@ impl Shared {
             }
             Ok(None) => {
                 debug!(%group, pid, epoch, coordinator, generation, "group marker repeated; nothing to write");
+                cluster::node::lock(&self.pending_txn_offsets).complete(&group, pid);
                 Ok(())
             }
             Ok(Some(write)) => {
                 let offsets = write.offsets.len();
                 self.blocking(move |s| s.apply_group_marker(&write)).await?;
                 debug!(%group, pid, epoch, coordinator, generation, ?result, offsets, "group marker applied");
+                // Only once the offsets are durable: a stable OffsetFetch then reads them.
+                cluster::node::lock(&self.pending_txn_offsets).complete(&group, pid);
                 Ok(())
             }
         }

@@ -268,6 +268,7 @@ async fn serve_inner(
         loaded: AtomicBool::new(false),
         txns: Mutex::new(HashMap::new()),
         groups: Mutex::new(HashMap::new()),
+        pending_txn_offsets: Mutex::new(crate::core::PendingTxnOffsets::default()),
         pids: tokio::sync::Mutex::new(None),
         channels: Mutex::new(HashMap::new()),
         leader_queues: Mutex::new(HashMap::new()),
@@ -396,6 +397,9 @@ struct Shared {
     txns: Mutex<HashMap<String, Slot>>,
     /// Per-group locks serialising the group markers this node applies (see the module docs).
     groups: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// KIP-447: transactional offsets of the groups this node coordinates whose marker has
+    /// not been applied yet (recorded by the Kafka face, completed by `write_group_marker`).
+    pending_txn_offsets: Mutex<crate::core::PendingTxnOffsets>,
     /// `None` until loaded.
     pids: tokio::sync::Mutex<Option<PidAllocator>>,
     /// One lazily connected channel per peer address.
