@@ -88,7 +88,14 @@ impl LeaderService {
             ProduceDecision::Duplicate { base_offset } => {
                 debug!(partition = %part.tp, pid = header.producer_id, base_offset,
                        "duplicate batch");
-                let high_watermark = part.state().high_watermark();
+                // Answered once what it repeats is durable (it may still await its flush).
+                let (high_watermark, marks) = {
+                    let state = part.state();
+                    (state.high_watermark(), state.watermarks())
+                };
+                let ticket = self.inner.flush.latest();
+                drop(guard);
+                self.settle(part, ticket, marks).await?;
                 Ok(Round::Done(ProduceResponse {
                     base_offset,
                     duplicate: true,
