@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use cluster::metrics::Metrics;
 use tokio::sync::watch;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::blocking;
 use crate::error::{Error, Result};
@@ -128,6 +128,7 @@ impl GroupFlush {
                 let flushed = blocking(move || storage.flush()).await;
                 self.metrics.flushed("leader", started.elapsed());
                 let failed = flushed.is_err();
+                debug!(writes = target - durable, records, failed, "group commit flushed");
                 self.rounds.send_modify(|r| {
                     r.completed += 1;
                     match &flushed {
@@ -147,9 +148,8 @@ impl GroupFlush {
             // Nothing left (or the round failed): stop, unless a waiter asked meanwhile (it may
             // have seen `running` still set and not started a task of its own).
             self.running.store(false, Ordering::SeqCst);
-            if !(self.requested.load(Ordering::SeqCst)
-                && !self.running.swap(true, Ordering::SeqCst))
-            {
+            let asked = self.requested.load(Ordering::SeqCst);
+            if !asked || self.running.swap(true, Ordering::SeqCst) {
                 return;
             }
         }
