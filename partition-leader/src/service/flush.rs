@@ -128,7 +128,10 @@ impl GroupFlush {
                 let flushed = blocking(move || storage.flush()).await;
                 self.metrics.flushed("leader", started.elapsed());
                 let failed = flushed.is_err();
-                debug!(writes = target - durable, records, failed, "group commit flushed");
+                debug!(
+                    writes = target - durable,
+                    records, failed, "group commit flushed"
+                );
                 self.rounds.send_modify(|r| {
                     r.completed += 1;
                     match &flushed {
