@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use proto::partition_leader_client::PartitionLeaderClient;
 use proto::{ErrorCode, ProduceRequest};

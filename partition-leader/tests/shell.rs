@@ -829,3 +829,59 @@ async fn a_failed_group_flush_fails_all_its_writes() {
         assert_eq!(fetch_from(&h, partition, 0, false).await.records.len(), 2);
     }
 }
+
+/// ProducePartitions: entries of several partitions in one request, answered in request order;
+/// two batches of one partition land in request order; a bad entry fails alone; the writes are
+/// durable and visible like separate Produce requests.
+#[tokio::test]
+async fn one_request_carries_batches_of_several_partitions() {
+    let h = harness();
+    let entry = |partition: i32, b: RecordBatch| ProduceRequest {
+        topic: "t".into(),
+        partition,
+        batch: Some(b),
+    };
+    let request = proto::ProducePartitionsRequest {
+        partitions: vec![
+            entry(1, batch(2, 0, 0, &["p1-a"], false)),
+            entry(0, batch(1, 0, 0, &["p0-a", "p0-b"], false)),
+            entry(2, batch(3, 0, 0, &["elsewhere"], false)),
+            entry(0, batch(1, 0, 2, &["p0-c"], false)),
+            entry(1, batch(2, 0, 5, &["gap"], false)),
+        ],
+    };
+    let r = h
+        .service
+        .produce_partitions(Request::new(request))
+        .await
+        .unwrap()
+        .into_inner();
+    let answers: Vec<_> = r
+        .responses
+        .iter()
+        .map(|r| (code(r.error_code), r.base_offset))
+        .collect();
+    assert_eq!(
+        answers,
+        vec![
+            (ErrorCode::None, 0),
+            (ErrorCode::None, 0),
+            (ErrorCode::NotLeaderOrFollower, -1),
+            (ErrorCode::None, 2),
+            (ErrorCode::OutOfOrderSequenceNumber, -1),
+        ]
+    );
+    assert_eq!(
+        values(&fetch_from(&h, 0, 0, false).await),
+        vec!["p0-a", "p0-b", "p0-c"]
+    );
+    assert_eq!(values(&fetch_from(&h, 1, 0, false).await), vec!["p1-a"]);
+    // An empty request is an empty answer.
+    let r = h
+        .service
+        .produce_partitions(Request::new(proto::ProducePartitionsRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.responses.is_empty());
+}

@@ -50,7 +50,7 @@ use proto::{
 };
 use tokio::sync::{watch, Notify, OwnedMutexGuard};
 use tonic::{Request, Response, Status};
-use tracing::{debug, info, instrument, warn};
+use tracing::{info, instrument, warn};
 
 use crate::core::{self, LogEntry, Marker, PartitionState, Plan};
 use crate::error::{Error, Result};
@@ -438,29 +438,19 @@ impl PartitionLeader for LeaderService {
         &self,
         request: Request<ProduceRequest>,
     ) -> Result<Response<ProduceResponse>, Status> {
-        let pid = request
-            .get_ref()
-            .batch
-            .as_ref()
-            .map_or(cluster::NO_PRODUCER_ID, |b| b.producer_id);
-        let response = self
-            .produce_inner(request.into_inner())
-            .await
-            .unwrap_or_else(|e| {
-                let (error_code, error_message) = e.to_wire();
-                debug!(error_message, "produce rejected");
-                ProduceResponse {
-                    error_code,
-                    error_message,
-                    base_offset: -1,
-                    duplicate: false,
-                    high_watermark: -1,
-                }
-            });
-        self.inner
-            .metrics
-            .request("Produce", response.error_code, "", pid);
-        Ok(Response::new(response))
+        Ok(Response::new(
+            self.produce_answered(request.into_inner()).await,
+        ))
+    }
+
+    #[instrument(skip_all, fields(partitions = request.get_ref().partitions.len()))]
+    async fn produce_partitions(
+        &self,
+        request: Request<proto::ProducePartitionsRequest>,
+    ) -> Result<Response<proto::ProducePartitionsResponse>, Status> {
+        Ok(Response::new(
+            self.produce_partitions_inner(request.into_inner()).await,
+        ))
     }
 
     #[instrument(skip_all, fields(topic = %request.get_ref().topic, partition = request.get_ref().partition))]
