@@ -448,9 +448,15 @@ impl PartitionLeader for LeaderService {
         &self,
         request: Request<proto::ProducePartitionsRequest>,
     ) -> Result<Response<proto::ProducePartitionsResponse>, Status> {
-        Ok(Response::new(
-            self.produce_partitions_inner(request.into_inner()).await,
-        ))
+        let response = self.produce_partitions_inner(request.into_inner()).await;
+        // The request itself, besides each entry counted as a Produce.
+        self.inner.metrics.request(
+            "ProducePartitions",
+            proto::ErrorCode::None as i32,
+            "",
+            cluster::NO_PRODUCER_ID,
+        );
+        Ok(Response::new(response))
     }
 
     #[instrument(skip_all, fields(topic = %request.get_ref().topic, partition = request.get_ref().partition))]
