@@ -47,6 +47,12 @@ impl PartitionLeader for AckingLeader {
     ) -> Result<Response<ProduceResponse>, Status> {
         Err(Status::unimplemented("bench stub"))
     }
+    async fn produce_partitions(
+        &self,
+        _: Request<proto::ProducePartitionsRequest>,
+    ) -> Result<Response<proto::ProducePartitionsResponse>, Status> {
+        Err(Status::unimplemented("bench stub"))
+    }
     async fn fetch(&self, _: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
         Err(Status::unimplemented("bench stub"))
     }

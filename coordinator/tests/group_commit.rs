@@ -151,39 +151,6 @@ fn spawn_coordinator(dir: &std::path::Path, addr: &str, log: &std::path::Path) -
     Process(child)
 }
 
-/// The sizes of the group commits a coordinator logged ("group commit flushed writes=N").
-fn batch_sizes(log: &std::path::Path) -> Vec<usize> {
-    let text = std::fs::read_to_string(log).unwrap();
-    text.lines()
-        .filter(|l| l.contains("group commit flushed"))
-        .filter_map(|l| {
-            let plain: String = strip_ansi(l);
-            let rest = plain.split("writes=").nth(1)?;
-            rest.split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse()
-                .ok()
-        })
-        .collect()
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[tokio::test]
 async fn sigkill_after_a_group_commit_loses_no_acknowledged_transition() {
     const IDS: usize = 32;
@@ -247,7 +214,7 @@ async fn sigkill_after_a_group_commit_loses_no_acknowledged_transition() {
     process.0.kill().unwrap();
     process.0.wait().unwrap();
     drop(process);
-    let sizes = batch_sizes(&first_log);
+    let sizes = testkit::logs::numbers(&first_log, "group commit flushed", "writes");
     assert!(
         sizes.iter().any(|&n| n > 1),
         "no flush carried more than one write: {sizes:?}"

@@ -95,6 +95,56 @@ async fn flush_sends_lingering_batches_at_once() {
     }
 }
 
+/// Requests the leaders answered, by RPC name, summed over every leader of the cluster.
+fn leader_requests(cluster: &minibroker::embedded::EmbeddedCluster, request: &str) -> f64 {
+    cluster
+        .topology()
+        .leaders
+        .iter()
+        .filter_map(|l| cluster.metrics(l.id))
+        .filter_map(|m| {
+            cluster::metrics::sample(
+                &m.render(),
+                "kafka_network_requestmetrics_errors_total",
+                &[("request", request)],
+            )
+        })
+        .sum()
+}
+
+/// Batches for several partitions of one leader travel in one Produce request: six lingering
+/// records on three partitions, flushed at once, make three batches and one request per leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_for_one_leader_share_a_request() {
+    let cluster = cluster().await;
+    let leaders: std::collections::BTreeSet<_> = (0..3)
+        .map(|p| cluster.topology().leader_for("input", p).unwrap().id)
+        .collect();
+    let mut p = IdempotentProducer::connect(config(&cluster).with_linger(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let (requests, batches) = (
+        leader_requests(&cluster, "ProducePartitions"),
+        leader_requests(&cluster, "Produce"),
+    );
+    let mut deliveries = Vec::new();
+    for i in 0..6 {
+        deliveries.push(p.send("input", i % 3, format!("r{i}")).await.unwrap());
+    }
+    p.flush().await.unwrap();
+    for d in deliveries {
+        d.await.unwrap();
+    }
+    assert_eq!(leader_requests(&cluster, "Produce") - batches, 3.0);
+    assert_eq!(
+        leader_requests(&cluster, "ProducePartitions") - requests,
+        leaders.len() as f64,
+        "one request per leader ({leaders:?})"
+    );
+    let read = read_topic(&cluster, "input", Isolation::ReadUncommitted).await;
+    assert_eq!(read.values().map(Vec::len).sum::<usize>(), 6);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commit_flushes_first() {
     let cluster = cluster().await;

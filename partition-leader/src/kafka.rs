@@ -432,8 +432,8 @@ impl KafkaLeader {
     ) -> Result<(i64, i64)> {
         let part = self.service.partition(topic, partition)?;
         let (hw, lso) = {
-            let state = part.state();
-            (state.high_watermark(), state.last_stable_offset())
+            let visible = part.state().visible();
+            (visible.high_watermark, visible.last_stable_offset)
         };
         let upper = if read_committed { lso } else { hw };
         match timestamp {

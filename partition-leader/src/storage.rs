@@ -3,8 +3,9 @@
 //!
 //! A [`Write`] is everything one Produce or marker changes on a partition: the appended entries,
 //! the PID's new producer state, a new aborted-index entry and the new high watermark. The sled
-//! engine writes it in ONE multi-tree sled transaction and then flushes, so it is atomic and
-//! durable when [`Storage::write`] returns; the shell acknowledges only after that.
+//! engine writes it in ONE multi-tree sled transaction ([`Storage::append`]: atomic, in sled's
+//! memory); [`Storage::flush`] then makes everything appended so far durable. The shell
+//! acknowledges a write only after a flush that began after its append returned.
 //!
 //! Sled layout, per partition (`<kind>/<partition>/<topic>`, topic last so names cannot clash):
 //! - `records/..`: key = big-endian offset, value = an encoded [`LogEntry`] (a small binary
@@ -17,9 +18,8 @@
 //! every write rather than rebuilt from the log on load, so a start costs O(PIDs + aborted
 //! transactions), not O(log). Load checks that the high watermark matches the last record.
 //!
-//! Group commit: none beyond what sled gives. Each write flushes; sled's `flush` writes
-//! everything pending in the database, so concurrent writes to different partitions share
-//! flushes. Writes to one partition are serialised by the shell anyway.
+//! Group commit: append and flush are separate calls, so the shell appends many writes (of any
+//! partitions) and makes them durable with one flush (`service::flush`).
 //!
 //! CAVEATS: no retention, compaction or segment files. A failed flush can leave the write in
 //! sled's memory, to be persisted by a later flush: the write was not acknowledged, and the
@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use cluster::{ProducerId, TopicPartition};
@@ -87,8 +87,14 @@ pub struct LoadedPartition {
 pub trait Storage: Send + Sync + 'static {
     /// Loads a partition's state (empty if it was never written).
     fn load(&self, tp: &TopicPartition) -> Result<LoadedPartition>;
-    /// Applies a write atomically; it is durable when this returns `Ok`.
-    fn write(&self, tp: &TopicPartition, write: &Write) -> Result<()>;
+    /// Applies a write atomically, NOT yet durable: the next [`Storage::flush`] that starts after
+    /// this returns makes it durable.
+    fn append(&self, tp: &TopicPartition, write: &Write) -> Result<()>;
+    /// [`Storage::append`] then [`Storage::flush`]: durable when this returns `Ok`.
+    fn write(&self, tp: &TopicPartition, write: &Write) -> Result<()> {
+        self.append(tp, write)?;
+        self.flush()
+    }
     /// Visits entries with offsets in `[from, to)` in order until `visit` returns `false`.
     fn scan(
         &self,
@@ -97,7 +103,7 @@ pub trait Storage: Send + Sync + 'static {
         to: i64,
         visit: &mut dyn FnMut(i64, LogEntry) -> bool,
     ) -> Result<()>;
-    /// Makes everything durable (called on shutdown).
+    /// Makes everything appended so far durable.
     fn flush(&self) -> Result<()>;
 }
 
@@ -337,7 +343,7 @@ impl Storage for SledStorage {
         })
     }
 
-    fn write(&self, tp: &TopicPartition, w: &Write) -> Result<()> {
+    fn append(&self, tp: &TopicPartition, w: &Write) -> Result<()> {
         let t = self.trees(tp)?;
         let mut records = sled::Batch::default();
         for (i, entry) in w.entries.iter().enumerate() {
@@ -364,7 +370,6 @@ impl Storage for SledStorage {
                 Ok::<_, ConflictableTransactionError<()>>(())
             })
             .map_err(|e: TransactionError<()>| Error::Storage(format!("{tp}: {e:?}")))?;
-        self.db.flush()?;
         Ok(())
     }
 
@@ -411,7 +416,10 @@ struct MemPartition {
 pub struct MemoryStorage {
     parts: Mutex<HashMap<TopicPartition, MemPartition>>,
     fail_writes: AtomicBool,
-    fail_after_write: AtomicBool,
+    fail_flushes: AtomicBool,
+    hold_flushes: AtomicBool,
+    appends: AtomicU64,
+    flushes: AtomicU64,
     fail_loads: AtomicBool,
 }
 
@@ -426,10 +434,26 @@ impl MemoryStorage {
         self.fail_writes.store(fail, Ordering::SeqCst);
     }
 
-    /// Makes every following write apply and THEN fail, like sled when the flush fails after
-    /// the transaction was applied in memory.
-    pub fn set_fail_after_write(&self, fail: bool) {
-        self.fail_after_write.store(fail, Ordering::SeqCst);
+    /// Makes every following flush fail, while appends still apply: like sled when the flush
+    /// fails after the transaction was applied in memory.
+    pub fn set_fail_flushes(&self, fail: bool) {
+        self.fail_flushes.store(fail, Ordering::SeqCst);
+    }
+
+    /// While set, a flush waits (on its blocking thread) until it is cleared: writes can pile up
+    /// behind one flush, as behind a slow disk.
+    pub fn hold_flushes(&self, hold: bool) {
+        self.hold_flushes.store(hold, Ordering::SeqCst);
+    }
+
+    /// Appends applied so far.
+    pub fn appends(&self) -> u64 {
+        self.appends.load(Ordering::SeqCst)
+    }
+
+    /// Flushes completed (or failed) so far.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::SeqCst)
     }
 
     /// Makes every following load fail.
@@ -454,7 +478,7 @@ impl Storage for MemoryStorage {
             .unwrap_or_default())
     }
 
-    fn write(&self, tp: &TopicPartition, w: &Write) -> Result<()> {
+    fn append(&self, tp: &TopicPartition, w: &Write) -> Result<()> {
         if self.fail_writes.load(Ordering::SeqCst) {
             return Err(Error::Storage("injected write failure".into()));
         }
@@ -470,9 +494,7 @@ impl Storage for MemoryStorage {
             p.aborted.insert(a.last_offset, a);
         }
         p.high_watermark = w.high_watermark;
-        if self.fail_after_write.load(Ordering::SeqCst) {
-            return Err(Error::Storage("injected flush failure".into()));
-        }
+        self.appends.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -498,6 +520,13 @@ impl Storage for MemoryStorage {
     }
 
     fn flush(&self) -> Result<()> {
+        while self.hold_flushes.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+        if self.fail_flushes.load(Ordering::SeqCst) {
+            return Err(Error::Storage("injected flush failure".into()));
+        }
         Ok(())
     }
 }

@@ -109,6 +109,7 @@ impl Runner for Leader {
                         }
                         Ok(ProduceDecision::Append(plan)) => {
                             self.state.apply(&plan);
+                            self.state.publish(self.state.watermarks());
                             self.log
                                 .extend(data_entries(&header, batch.records.clone(), 0));
                             return format!(
@@ -137,6 +138,7 @@ impl Runner for Leader {
                     Err(e) => code(e),
                     Ok(plan) => {
                         self.state.apply(&plan);
+                        self.state.publish(self.state.watermarks());
                         match (&plan.control, plan.aborted) {
                             (Some(c), aborted) => {
                                 self.log.push(LogEntry::Control(c.clone()));

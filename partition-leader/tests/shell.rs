@@ -109,6 +109,22 @@ async fn fetch(
         .into_inner()
 }
 
+/// A read_uncommitted fetch of a whole partition that does not wait.
+async fn fetch_from(h: &Harness, partition: i32, offset: i64, committed: bool) -> FetchResponse {
+    h.service
+        .fetch(Request::new(requests::fetch(
+            "t",
+            partition,
+            offset,
+            committed,
+            1 << 20,
+            0,
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 async fn markers(
     h: &Harness,
     pid: i64,
@@ -373,10 +389,10 @@ async fn failed_write_changes_nothing() {
 async fn a_write_that_failed_after_applying_is_reloaded_not_forgotten() {
     let h = harness();
     produce(&h, batch(1, 0, 0, &["a"], false)).await;
-    h.storage.set_fail_after_write(true);
+    h.storage.set_fail_flushes(true);
     let r = produce(&h, batch(1, 0, 1, &["b"], false)).await;
     assert_eq!(code(r.error_code), ErrorCode::KafkaStorageError);
-    h.storage.set_fail_after_write(false);
+    h.storage.set_fail_flushes(false);
     // Memory now matches the engine, which kept the write: the retry is a duplicate.
     let r = produce(&h, batch(1, 0, 1, &["b"], false)).await;
     assert_eq!(
@@ -708,4 +724,164 @@ async fn health_reflection_and_metrics_of_a_leader() {
 
     let _ = stop.send(());
     task.await.unwrap().unwrap();
+}
+
+/// Group commit: writes of several producers and partitions, one of them the next batch of a
+/// producer whose previous batch is still waiting, are all appended while one flush is held; none
+/// is answered or readable before a flush covers it; then at most two flushes answer them all. A
+/// retry (a duplicate) of a waiting batch is answered only after the flush, too.
+#[tokio::test]
+async fn concurrent_writes_share_a_flush_and_wait_for_it() {
+    let h = Arc::new(harness());
+    h.storage.hold_flushes(true);
+    let spawn = |partition: i32, pid: i64, seq: i32| {
+        let h = h.clone();
+        tokio::spawn(async move {
+            let value = format!("{pid}-{seq}");
+            produce_to(&h, partition, batch(pid, 0, seq, &[value.as_str()], false)).await
+        })
+    };
+    let first = spawn(0, 1, 0);
+    testkit::poll::wait_until(Duration::from_secs(5), "the first append", || async {
+        h.storage.appends() == 1
+    })
+    .await;
+    // Its flush is held; the partition's write lock is not.
+    let mut tasks = vec![first, spawn(0, 1, 1)];
+    for pid in 2..=7 {
+        tasks.push(spawn((pid % 2) as i32, pid, 0));
+    }
+    testkit::poll::wait_until(Duration::from_secs(5), "eight appends", || async {
+        h.storage.appends() == 8
+    })
+    .await;
+    let retry = spawn(1, 3, 0);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        tasks.iter().chain([&retry]).all(|t| !t.is_finished()),
+        "a write was answered before any flush"
+    );
+    for partition in [0, 1] {
+        let r = fetch_from(&h, partition, 0, false).await;
+        assert_eq!(
+            (r.high_watermark, r.records.len()),
+            (0, 0),
+            "readable before a flush"
+        );
+    }
+    h.storage.hold_flushes(false);
+    for task in tasks {
+        let r = task.await.unwrap();
+        assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    }
+    let r = retry.await.unwrap();
+    assert!(r.duplicate, "the retry is a duplicate");
+    assert!(
+        h.storage.flushes() <= 2,
+        "eight writes took {} flushes",
+        h.storage.flushes()
+    );
+    let read: usize = {
+        let mut n = 0;
+        for partition in [0, 1] {
+            n += fetch_from(&h, partition, 0, false).await.records.len();
+        }
+        n
+    };
+    assert_eq!(read, 8);
+}
+
+/// A flush that fails answers every write it covered with a storage error; they stay in the
+/// engine (a later flush may persist them), so their retries are duplicates answered after a
+/// good flush.
+#[tokio::test]
+async fn a_failed_group_flush_fails_all_its_writes() {
+    let h = Arc::new(harness());
+    h.storage.hold_flushes(true);
+    h.storage.set_fail_flushes(true);
+    let tasks: Vec<_> = (1..=4)
+        .map(|pid| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                produce_to(&h, (pid % 2) as i32, batch(pid, 0, 0, &["v"], false)).await
+            })
+        })
+        .collect();
+    testkit::poll::wait_until(Duration::from_secs(5), "four appends", || async {
+        h.storage.appends() == 4
+    })
+    .await;
+    h.storage.hold_flushes(false);
+    for task in tasks {
+        let r = task.await.unwrap();
+        assert_eq!(code(r.error_code), ErrorCode::KafkaStorageError);
+    }
+    for partition in [0, 1] {
+        assert_eq!(fetch_from(&h, partition, 0, false).await.records.len(), 0);
+    }
+    h.storage.set_fail_flushes(false);
+    for pid in 1..=4 {
+        let r = produce_to(&h, (pid % 2) as i32, batch(pid, 0, 0, &["v"], false)).await;
+        assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+        assert!(r.duplicate);
+    }
+    for partition in [0, 1] {
+        assert_eq!(fetch_from(&h, partition, 0, false).await.records.len(), 2);
+    }
+}
+
+/// ProducePartitions: entries of several partitions in one request, answered in request order;
+/// two batches of one partition land in request order; a bad entry fails alone; the writes are
+/// durable and visible like separate Produce requests.
+#[tokio::test]
+async fn one_request_carries_batches_of_several_partitions() {
+    let h = harness();
+    let entry = |partition: i32, b: RecordBatch| ProduceRequest {
+        topic: "t".into(),
+        partition,
+        batch: Some(b),
+    };
+    let request = proto::ProducePartitionsRequest {
+        partitions: vec![
+            entry(1, batch(2, 0, 0, &["p1-a"], false)),
+            entry(0, batch(1, 0, 0, &["p0-a", "p0-b"], false)),
+            entry(2, batch(3, 0, 0, &["elsewhere"], false)),
+            entry(0, batch(1, 0, 2, &["p0-c"], false)),
+            entry(1, batch(2, 0, 5, &["gap"], false)),
+        ],
+    };
+    let r = h
+        .service
+        .produce_partitions(Request::new(request))
+        .await
+        .unwrap()
+        .into_inner();
+    let answers: Vec<_> = r
+        .responses
+        .iter()
+        .map(|r| (code(r.error_code), r.base_offset))
+        .collect();
+    assert_eq!(
+        answers,
+        vec![
+            (ErrorCode::None, 0),
+            (ErrorCode::None, 0),
+            (ErrorCode::NotLeaderOrFollower, -1),
+            (ErrorCode::None, 2),
+            (ErrorCode::OutOfOrderSequenceNumber, -1),
+        ]
+    );
+    assert_eq!(
+        values(&fetch_from(&h, 0, 0, false).await),
+        vec!["p0-a", "p0-b", "p0-c"]
+    );
+    assert_eq!(values(&fetch_from(&h, 1, 0, false).await), vec!["p1-a"]);
+    // An empty request is an empty answer.
+    let r = h
+        .service
+        .produce_partitions(Request::new(proto::ProducePartitionsRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.responses.is_empty());
 }

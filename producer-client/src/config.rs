@@ -42,6 +42,9 @@ pub struct ClientConfig {
     /// Kafka's `delivery.timeout.ms`: how long a record may wait for its acknowledgement, retries
     /// included.
     pub delivery_timeout: Duration,
+    /// Kafka's `max.request.size`: batches for several partitions of one leader travel in one
+    /// Produce request up to this many bytes of records (a single larger batch still goes alone).
+    pub max_request_size: usize,
 }
 
 impl ClientConfig {
@@ -66,12 +69,13 @@ impl ClientConfig {
             buffer_memory: 32 * 1024 * 1024,
             max_block: Duration::from_secs(60),
             delivery_timeout: Duration::from_secs(120),
+            max_request_size: 1024 * 1024,
         }
     }
 
     /// Sets one producer setting by its Kafka name: `linger.ms`, `batch.size`,
     /// `max.in.flight.requests.per.connection`, `buffer.memory`, `max.block.ms`,
-    /// `delivery.timeout.ms`, `request.timeout.ms`, `retry.backoff.ms`, `retry.backoff.max.ms`,
+    /// `delivery.timeout.ms`, `max.request.size`, `request.timeout.ms`, `retry.backoff.ms`, `retry.backoff.max.ms`,
     /// `transaction.timeout.ms` or `transactional.id`.
     pub fn set(mut self, name: &str, value: &str) -> Result<Self> {
         let number = || {
@@ -96,6 +100,7 @@ impl ClientConfig {
             "buffer.memory" => self.buffer_memory = size()?,
             "max.block.ms" => self.max_block = ms()?,
             "delivery.timeout.ms" => self.delivery_timeout = ms()?,
+            "max.request.size" => self.max_request_size = size()?,
             "request.timeout.ms" => self.request_timeout = ms()?,
             "retry.backoff.ms" => self.retry_backoff = ms()?,
             "retry.backoff.max.ms" => self.retry_backoff_max = ms()?,

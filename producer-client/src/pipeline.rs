@@ -5,14 +5,18 @@
 //! appends under a short lock and returns a [`DeliveryFuture`] at once. One background task per
 //! producer (the *sender*, like Kafka's sender thread) wakes on new records, on answers and on
 //! the core's next deadline (a linger or a backoff ending, a delivery timeout), asks the core
-//! which batches to close and send, and spawns one Produce per batch. An answer goes straight
-//! back into the core under the lock; the lock is never held across an `.await`.
+//! which batches to close and send, and sends them: the batches bound for one leader travel in
+//! one ProducePartitions request (up to `max.request.size` of records; one partition's batches in
+//! sequence order, which the leader keeps), like the partitions of Kafka's Produce request. Each
+//! batch's answer goes straight back into the core under the lock; the lock is never held across
+//! an `.await`.
 //!
 //! For an idempotent producer the sender also gets the new (PID, epoch) when the core asks for
 //! one (InitProducerId without a transactional id) and resets the core with it.
 //!
-//! CAVEATS: one Produce per batch (a Produce names one partition); the sender task ends when the
-//! producer is dropped, and records still pending then resolve with an error.
+//! CAVEATS: the sender task ends when the producer is dropped, and records still pending then
+//! resolve with an error. A leader without ProducePartitions (none of this workspace) is not
+//! served by a per-batch fallback.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,7 +26,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use cluster::TopicPartition;
-use proto::{ProduceRequest, Record};
+use proto::{ProducePartitionsRequest, ProduceRequest, ProduceResponse, Record};
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::accumulator::{record_size, Accumulator, Completion, Mode, Outbound, Settings};
@@ -286,8 +290,8 @@ async fn sender(shared: Arc<Shared>) {
             (outbound, expired, core.next_deadline(), new_producer)
         };
         shared.resolve(expired);
-        for batch in outbound {
-            tokio::spawn(send_batch(shared.clone(), batch));
+        if !outbound.is_empty() {
+            tokio::spawn(send_batches(shared.clone(), outbound));
         }
         if new_producer {
             match crate::idempotent::init_producer_id(&shared.conn).await {
@@ -322,51 +326,118 @@ async fn sender(shared: Arc<Shared>) {
     }
 }
 
-/// One attempt at one batch; the answer goes back into the core.
-async fn send_batch(shared: Arc<Shared>, batch: Outbound) {
-    let Outbound {
-        id,
-        partition,
-        producer,
-        base_sequence,
-        records,
-    } = batch;
-    let count = records.len();
-    let request = ProduceRequest {
-        topic: partition.topic.clone(),
-        partition: partition.partition,
-        batch: Some(produce::batch(
-            producer,
-            base_sequence,
-            shared.transactional_id.as_deref(),
-            records,
-        )),
-    };
+/// One attempt at each batch: grouped by leader, each group in requests of at most
+/// `max.request.size` (in drain order, so one partition's batches keep their sequence order).
+async fn send_batches(shared: Arc<Shared>, batches: Vec<Outbound>) {
+    let conn = &shared.conn;
+    let mut by_leader: Vec<(String, Vec<Outbound>)> = Vec::new();
+    for batch in batches {
+        match conn
+            .leader_for(&batch.partition.topic, batch.partition.partition)
+            .await
+        {
+            Ok(leader) => match by_leader.iter_mut().find(|(a, _)| *a == leader.address) {
+                Some((_, group)) => group.push(batch),
+                None => by_leader.push((leader.address, vec![batch])),
+            },
+            Err(e) => answer(&shared, &batch, Err(e)),
+        }
+    }
+    let limit = conn.config().max_request_size;
+    for (address, group) in by_leader {
+        let mut request: Vec<Outbound> = Vec::new();
+        let mut bytes = 0;
+        for batch in group {
+            let size: usize = batch.records.iter().map(record_size).sum();
+            if !request.is_empty() && bytes + size > limit {
+                tokio::spawn(send_request(
+                    shared.clone(),
+                    address.clone(),
+                    std::mem::take(&mut request),
+                ));
+                bytes = 0;
+            }
+            bytes += size;
+            request.push(batch);
+        }
+        tokio::spawn(send_request(shared.clone(), address, request));
+    }
+}
+
+/// One ProducePartitions request to the leader at `address`; each batch's answer goes back
+/// into the core (a failed request fails every batch it carried, each retried by the core).
+async fn send_request(shared: Arc<Shared>, address: String, batches: Vec<Outbound>) {
+    let entries = batches
+        .iter()
+        .map(|b| ProduceRequest {
+            topic: b.partition.topic.clone(),
+            partition: b.partition.partition,
+            batch: Some(produce::batch(
+                b.producer,
+                b.base_sequence,
+                shared.transactional_id.as_deref(),
+                b.records.clone(),
+            )),
+        })
+        .collect();
     let conn = &shared.conn;
     let result = async {
-        let leader = conn
-            .leader_for(&partition.topic, partition.partition)
+        let mut client = conn.leader(&address)?;
+        let request = ProducePartitionsRequest {
+            partitions: entries,
+        };
+        let r = conn
+            .rpc(&address, Duration::ZERO, client.produce_partitions(request))
             .await?;
-        let mut client = conn.leader(&leader.address)?;
-        conn.rpc(&leader.address, Duration::ZERO, client.produce(request))
-            .await
-            .and_then(WireError::checked)
+        if r.responses.len() != batches.len() {
+            return Err(Error::Transport {
+                address: address.clone(),
+                message: format!(
+                    "answered {} of {} batches",
+                    r.responses.len(),
+                    batches.len()
+                ),
+            });
+        }
+        Ok(r.responses)
     }
     .await;
+    match result {
+        Ok(responses) => {
+            for (batch, response) in batches.iter().zip(responses) {
+                answer(&shared, batch, response.checked());
+            }
+        }
+        Err(e) => {
+            for batch in &batches {
+                answer(&shared, batch, Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// Hands one batch's answer to the core and wakes whoever waits on it.
+fn answer(shared: &Shared, batch: &Outbound, result: Result<ProduceResponse>) {
+    let (partition, producer, seq, count) = (
+        &batch.partition,
+        batch.producer,
+        batch.base_sequence,
+        batch.records.len(),
+    );
     match &result {
-        Ok(r) => tracing::debug!(%partition, pid = producer.0, epoch = producer.1,
-            seq = base_sequence, count, offset = r.base_offset, duplicate = r.duplicate, "produced"),
+        Ok(r) => tracing::debug!(%partition, pid = producer.0, epoch = producer.1, seq, count,
+            offset = r.base_offset, duplicate = r.duplicate, "produced"),
         Err(e) => {
             if matches!(e, Error::NotLeader(_)) {
-                conn.invalidate_metadata();
+                shared.conn.invalidate_metadata();
             }
-            tracing::debug!(%partition, pid = producer.0, epoch = producer.1,
-                seq = base_sequence, count, error = %e, "produce failed");
+            tracing::debug!(%partition, pid = producer.0, epoch = producer.1, seq, count,
+                error = %e, "produce failed");
         }
     }
     let done = shared.core().on_response(
-        &partition,
-        id,
+        partition,
+        batch.id,
         result.map(|r| (r.base_offset, r.duplicate)),
         Instant::now(),
     );

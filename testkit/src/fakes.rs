@@ -71,6 +71,13 @@ impl PartitionLeader for FakeLeader {
         Err(Status::unimplemented("fake leader"))
     }
 
+    async fn produce_partitions(
+        &self,
+        _: Request<proto::ProducePartitionsRequest>,
+    ) -> Result<Response<proto::ProducePartitionsResponse>, Status> {
+        Err(Status::unimplemented("fake leader"))
+    }
+
     async fn fetch(&self, _: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
         Err(Status::unimplemented("fake leader"))
     }

@@ -6,6 +6,7 @@
 //!   names a folder with [`test_each_path!`] (one `#[test]` per script file) and passes each
 //!   path to [`golden::run_script`] with its own [`golden::Runner`], the thing that turns one
 //!   command into its output. `UPDATE_GOLDEN=1` rewrites the scripts from the actual output.
+//! - [`logs`]: the numbers a node's text log reports (`group commit flushed writes=8`).
 //! - [`poll`]: [`eventually`], the one polling helper: wait on a condition with a deadline,
 //!   never a bare sleep ([`poll::wait_until`] is its front for a `bool` condition).
 //! - [`requests`]: protocol messages built once (EndTxn, Fetch, WriteTxnMarkers, a batch) and
@@ -24,6 +25,7 @@
 pub mod auth;
 pub mod fakes;
 pub mod golden;
+pub mod logs;
 pub mod poll;
 pub mod requests;
 pub mod standard;

@@ -5,7 +5,10 @@ use crate::error::{Error, Result};
 use super::{FetchView, PartitionState};
 
 impl PartitionState {
-    /// What a fetch from `offset` may read. `offset` must be in `[0, high watermark]`.
+    /// What a fetch from `offset` may read: up to the published [`PartitionState::visible`]
+    /// watermarks, never a write that no flush has covered yet. `offset` must be in
+    /// `[0, log end]` (an offset written but not yet visible reads nothing, as in Kafka between
+    /// the log end and the high watermark).
     pub fn fetch_view(&self, offset: i64, read_committed: bool) -> Result<FetchView> {
         if offset < 0 || offset > self.high_watermark {
             return Err(Error::OffsetOutOfRange(format!(
@@ -13,11 +16,12 @@ impl PartitionState {
                 self.high_watermark
             )));
         }
-        let lso = self.last_stable_offset();
+        let visible = self.visible;
+        let lso = visible.last_stable_offset;
         let upper = if read_committed {
             lso
         } else {
-            self.high_watermark
+            visible.high_watermark
         };
         let aborted = if read_committed {
             self.aborted
@@ -29,7 +33,7 @@ impl PartitionState {
             Vec::new()
         };
         Ok(FetchView {
-            high_watermark: self.high_watermark,
+            high_watermark: visible.high_watermark,
             last_stable_offset: lso,
             upper,
             aborted,

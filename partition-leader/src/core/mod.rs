@@ -11,9 +11,14 @@
 //!   partition, so the shell must first ask the owning coordinator (KIP-890 part 1) and call again
 //!   with `verified = true`;
 //! - [`ProduceDecision::Append`]: a [`Plan`], i.e. exactly what to persist (offsets, the PID's new
-//!   state, an aborted-index entry). The shell makes the plan durable, THEN calls
-//!   [`PartitionState::apply`]. Nothing in memory changes before the write is durable, so a failed
-//!   flush leaves the state as it was.
+//!   state, an aborted-index entry). The shell writes the plan to the engine, THEN calls
+//!   [`PartitionState::apply`], so the next write on the partition is planned against it while
+//!   the flush is still to come (group commit: many writes, one flush).
+//!
+//! Two views of the log: the checks read the log END (everything written to the engine); readers
+//! see only up to the [`Watermarks`] the shell [`PartitionState::publish`]es once a flush covered
+//! the write. So no reader ever sees a record or an LSO that a crash could take back, and nothing
+//! is acknowledged before that flush either (the shell's rule).
 //!
 //! Markers go the same way through [`PartitionState::plan_marker`]. Fetch asks for a
 //! [`FetchView`] (HW, LSO, the aborted ranges that overlap the read) and filters entries with
@@ -311,7 +316,7 @@ impl Marker {
 }
 
 /// What a write must persist, computed from the state before the write. Apply it with
-/// [`PartitionState::apply`] only after it is durable.
+/// [`PartitionState::apply`] only after the engine holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// Offset of the first appended entry (the high watermark before the write).
@@ -386,11 +391,24 @@ impl FetchView {
     }
 }
 
+/// Where readers may read up to: a high watermark and a last stable offset of the log as it was
+/// after some write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Watermarks {
+    /// The next offset (read_uncommitted reads below it).
+    pub high_watermark: i64,
+    /// The smallest first offset of an open transaction, else the high watermark
+    /// (read_committed reads below it).
+    pub last_stable_offset: i64,
+}
+
 /// The state of one partition: high watermark, producer states, open transactions, aborted index.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PartitionState {
     unsafe_skip_epoch_check: bool,
     high_watermark: i64,
+    /// What readers see: published after the flush covering a write ([`PartitionState::publish`]).
+    visible: Watermarks,
     producers: BTreeMap<ProducerId, ProducerState>,
     /// `(first offset, PID)` of every open transaction: its minimum is the LSO.
     open_txns: BTreeSet<(i64, ProducerId)>,
@@ -442,7 +460,52 @@ impl PartitionState {
             }
             state.aborted.insert(a.last_offset, a);
         }
+        // Everything loaded is on disk.
+        state.visible = state.watermarks();
         Ok(state)
+    }
+
+    /// The log end's watermarks: what [`PartitionState::publish`] makes visible once the writes
+    /// applied so far are durable.
+    pub fn watermarks(&self) -> Watermarks {
+        Watermarks {
+            high_watermark: self.high_watermark,
+            last_stable_offset: self.last_stable_offset(),
+        }
+    }
+
+    /// What readers see ([`PartitionState::fetch_view`] reads up to it).
+    pub fn visible(&self) -> Watermarks {
+        self.visible
+    }
+
+    /// Makes the log visible up to `marks`, taken with [`PartitionState::watermarks`] after
+    /// writes that are now durable. Never moves backwards (flushes complete in any order), and
+    /// never past the log end (a reload may have replaced the state meanwhile).
+    pub fn publish(&mut self, marks: Watermarks) {
+        let end = self.watermarks();
+        self.visible = Watermarks {
+            high_watermark: marks
+                .high_watermark
+                .min(end.high_watermark)
+                .max(self.visible.high_watermark),
+            last_stable_offset: marks
+                .last_stable_offset
+                .min(end.last_stable_offset)
+                .max(self.visible.last_stable_offset),
+        };
+    }
+
+    /// Limits what readers see to `marks` (after a reload from the engine, which may hold
+    /// writes that no flush has covered yet).
+    pub fn limit_visible(&mut self, marks: Watermarks) {
+        self.visible = Watermarks {
+            high_watermark: self.visible.high_watermark.min(marks.high_watermark),
+            last_stable_offset: self
+                .visible
+                .last_stable_offset
+                .min(marks.last_stable_offset),
+        };
     }
 
     /// The next offset to be written.

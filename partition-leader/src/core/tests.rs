@@ -51,6 +51,8 @@ fn produce(s: &mut PartitionState, h: &BatchHeader) -> Result<(i64, bool)> {
         ProduceDecision::Duplicate { base_offset } => Ok((base_offset, true)),
         ProduceDecision::Append(plan) => {
             s.apply(&plan);
+            // The shell publishes after the flush covering the write.
+            s.publish(s.watermarks());
             Ok((plan.base_offset, false))
         }
         ProduceDecision::NeedsVerification => panic!("verified twice"),
@@ -60,6 +62,7 @@ fn produce(s: &mut PartitionState, h: &BatchHeader) -> Result<(i64, bool)> {
 fn write_marker(s: &mut PartitionState, m: &Marker) -> Result<Plan> {
     let plan = s.plan_marker(m, 20)?;
     s.apply(&plan);
+    s.publish(s.watermarks());
     Ok(plan)
 }
 
@@ -646,4 +649,93 @@ fn v1_marker_at_the_current_epoch_closes_the_txn_and_keeps_the_window() {
     assert!(plan.control.is_some(), "closes the second transaction");
     assert_eq!(s.high_watermark(), hw + 1);
     assert!(write_marker(&mut s, &v1).unwrap().control.is_none());
+}
+
+/// A write the engine holds but no flush has covered: the next write is planned after it, but
+/// readers see nothing of it until the shell publishes.
+#[test]
+fn readers_see_only_published_writes() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 2, false)).unwrap();
+    let published = s.watermarks();
+    // Applied, not published: a transactional batch and a plain batch.
+    let ProduceDecision::Append(plan) = s
+        .check_produce(&header(2, 0, 0, 1, true), true, 10)
+        .unwrap()
+    else {
+        panic!("append expected")
+    };
+    s.apply(&plan);
+    let ProduceDecision::Append(plan) = s
+        .check_produce(&header(1, 0, 2, 1, false), false, 10)
+        .unwrap()
+    else {
+        panic!("append expected")
+    };
+    assert_eq!(plan.base_offset, 3, "planned after the unflushed write");
+    s.apply(&plan);
+    // The PID's sequence moved on already: its retry is a duplicate, not a second append.
+    assert_eq!(
+        s.check_produce(&header(1, 0, 2, 1, false), false, 10)
+            .unwrap(),
+        ProduceDecision::Duplicate { base_offset: 3 }
+    );
+    for read_committed in [false, true] {
+        let view = s.fetch_view(0, read_committed).unwrap();
+        assert_eq!((view.high_watermark, view.last_stable_offset), (2, 2));
+        assert_eq!(view.upper, 2);
+    }
+    // Reading at the log end is in range and reads nothing.
+    assert_eq!(s.fetch_view(4, false).unwrap().upper, 2);
+    assert_eq!(s.visible(), published);
+
+    s.publish(s.watermarks());
+    let view = s.fetch_view(0, false).unwrap();
+    assert_eq!(
+        (view.high_watermark, view.last_stable_offset, view.upper),
+        (4, 2, 4)
+    );
+    assert_eq!(
+        s.fetch_view(0, true).unwrap().upper,
+        2,
+        "the open transaction holds the LSO"
+    );
+}
+
+#[test]
+fn publishing_never_moves_back_nor_past_the_log_end() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 3, false)).unwrap();
+    let three = s.watermarks();
+    s.publish(Watermarks {
+        high_watermark: 1,
+        last_stable_offset: 1,
+    });
+    assert_eq!(s.visible(), three, "an older publish does not move back");
+    s.publish(Watermarks {
+        high_watermark: 9,
+        last_stable_offset: 9,
+    });
+    assert_eq!(s.visible(), three, "nothing past the log end");
+    s.limit_visible(Watermarks {
+        high_watermark: 2,
+        last_stable_offset: 2,
+    });
+    assert_eq!(s.visible().high_watermark, 2);
+}
+
+#[test]
+fn a_restored_partition_is_visible_up_to_what_was_loaded() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(1, 0, 0, 3, true)).unwrap();
+    let restored =
+        PartitionState::restore(false, s.high_watermark(), s.producers().clone(), Vec::new())
+            .unwrap();
+    assert_eq!(
+        restored.visible(),
+        Watermarks {
+            high_watermark: 3,
+            last_stable_offset: 0
+        }
+    );
 }

@@ -3,13 +3,18 @@
 //! one place ([`Error::to_wire`]).
 //!
 //! Concurrency: every partition has a `tokio::sync::Mutex` (the write lock) that is held from the
-//! core's check, across the durable sled write + flush, until the new state is applied. That
-//! serialisation is the point: offsets, sequence windows and open transactions of a partition
-//! change one write at a time, and a plan is always applied to the state it was computed from.
-//! The in-memory [`PartitionState`] sits behind a std `Mutex` that is only held for the (sync)
-//! core calls, never across an `.await`, so fetches read a consistent snapshot without waiting
-//! for flushes. The durable write and the apply run in a spawned task that owns the write lock,
-//! so a client that disconnects mid-write cannot leave sled and memory out of step.
+//! core's check, across the append to the engine (sled's memory, no flush), until the new state
+//! is applied. That serialisation is the point: offsets, sequence windows and open transactions of
+//! a partition change one write at a time, and a plan is always applied to the state it was
+//! computed from. The lock is NOT held across the flush: the write then waits for a group flush
+//! (`flush`) shared by every write of every partition appended meanwhile, and only then are
+//! readers' watermarks moved on ([`core::Watermarks`]) and the request answered. So nothing is
+//! acknowledged or read before it is durable, and concurrent producers (on one partition or many)
+//! share flushes. Duplicates and repeated markers are answered only after a flush covers what
+//! they repeat. The in-memory [`PartitionState`] sits behind a std `Mutex` that is only held for
+//! the (sync) core calls, never across an `.await`. The append, apply and wait run in a spawned
+//! task that owns the write lock, so a client that disconnects mid-write cannot leave sled and
+//! memory out of step.
 //!
 //! Verification is never done under the write lock: the lock is released, the coordinator is
 //! asked, and the check is run again from the start with `verified = true` (the PID's state may
@@ -45,7 +50,7 @@ use proto::{
 };
 use tokio::sync::{watch, Notify, OwnedMutexGuard};
 use tonic::{Request, Response, Status};
-use tracing::{debug, info, instrument, warn};
+use tracing::{info, instrument, warn};
 
 use crate::core::{self, LogEntry, Marker, PartitionState, Plan};
 use crate::error::{Error, Result};
@@ -53,6 +58,7 @@ use crate::storage::{Storage, Write};
 use crate::verify::TxnVerifier;
 
 mod fetch;
+mod flush;
 mod marker;
 mod produce;
 
@@ -180,6 +186,8 @@ struct Inner {
     limits: core::Limits,
     partitions: HashMap<TopicPartition, Arc<Partition>>,
     storage: Arc<dyn Storage>,
+    /// The group commit every write waits on.
+    flush: Arc<flush::GroupFlush>,
     verifier: Arc<dyn TxnVerifier>,
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
@@ -246,6 +254,7 @@ impl LeaderService {
                 topology: config.topology.clone(),
                 limits: config.limits(),
                 partitions,
+                flush: flush::GroupFlush::new(storage.clone(), config.metrics.clone()),
                 storage,
                 verifier,
                 shutdown,
@@ -302,13 +311,16 @@ impl LeaderService {
         Ok(part)
     }
 
-    /// Makes `plan` durable (with `entries`), then applies it and wakes long polls. Runs in its
-    /// own task owning the write lock, so it completes even if the request is dropped.
+    /// Makes `plan` durable (with `entries`) and applies it; returns once it is durable and
+    /// visible to readers. Runs in its own task (so it completes even if the request is
+    /// dropped): under the write lock, the write is appended to the engine and applied to the
+    /// state (the partition's next write is planned after it); the lock is released; the write
+    /// waits for a group flush ([`flush`]) covering it; then the readers' watermarks move on.
     ///
-    /// If the write fails, the engine may still hold part of it (sled applies the transaction
-    /// before the flush fails, and a later flush would persist it), so the partition's state is
-    /// reloaded from the engine: memory then matches what will be on disk, and the unacknowledged
-    /// write may or may not survive, as in Kafka. If even that fails the partition goes offline.
+    /// If the append fails, the engine may still hold part of it, so the partition's state is
+    /// reloaded from the engine (if even that fails the partition goes offline). If the flush
+    /// fails, memory already matches the engine, which keeps the write and may persist it with
+    /// a later flush: the write is not acknowledged and may or may not survive, as in Kafka.
     async fn persist(
         &self,
         guard: OwnedMutexGuard<()>,
@@ -316,62 +328,82 @@ impl LeaderService {
         plan: Plan,
         entries: Vec<LogEntry>,
     ) -> Result<()> {
-        let storage = self.inner.storage.clone();
-        let skip = self.inner.unsafe_skip_epoch_check;
-        let metrics = self.inner.metrics.clone();
-        let health = self.inner.health.get().cloned();
+        let service = self.clone();
         tokio::spawn(async move {
-            let _guard = guard;
-            if !plan.is_noop() {
+            let ticket = if plan.is_noop() {
+                part.state().apply(&plan);
+                service.inner.flush.latest()
+            } else {
                 let records = entries.len();
                 let write = Write::new(&plan, entries);
-                let tp = part.tp.clone();
-                let store = storage.clone();
-                let started = std::time::Instant::now();
-                let written = blocking(move || store.write(&tp, &write)).await;
-                metrics.flushed("leader", started.elapsed());
-                if written.is_ok() && records > 0 {
-                    metrics.group_commit(records);
-                }
-                if let Err(e) = written {
-                    warn!(partition = %part.tp, "write failed, reloading the partition: {e}");
-                    let tp = part.tp.clone();
-                    let reloaded = blocking(move || {
-                        let loaded = storage.load(&tp)?;
-                        PartitionState::restore(
-                            skip,
-                            loaded.high_watermark,
-                            loaded.producers,
-                            loaded.aborted,
-                        )
-                    })
-                    .await;
-                    match reloaded {
-                        Ok(state) => *part.state() = state,
-                        Err(reload) => {
-                            tracing::error!(partition = %part.tp, "partition offline: {reload}");
-                            part.offline
-                                .store(true, std::sync::atomic::Ordering::SeqCst);
-                            if let Some(health) = &health {
-                                health.set_serving(false).await;
-                            }
-                        }
-                    }
-                    part.appended.notify_waiters();
+                let (tp, store) = (part.tp.clone(), service.inner.storage.clone());
+                if let Err(e) = blocking(move || store.append(&tp, &write)).await {
+                    service.reload_after_failure(&part, &e).await;
                     return Err(e);
                 }
-            }
-            let lag = {
-                let mut state = part.state();
-                state.apply(&plan);
-                state.high_watermark() - state.last_stable_offset()
+                part.state().apply(&plan);
+                service.inner.flush.appended(records)
             };
-            metrics.lso_lag(&part.tp, lag);
-            part.appended.notify_waiters();
-            Ok(())
+            let marks = part.state().watermarks();
+            drop(guard);
+            service.settle(&part, ticket, marks).await
         })
         .await
         .map_err(|e| Error::Internal(format!("write task failed: {e}")))?
+    }
+
+    /// Waits for a flush covering `ticket`, then publishes `marks` (taken under the write lock
+    /// with the ticket) to readers and wakes long polls.
+    pub(crate) async fn settle(
+        &self,
+        part: &Arc<Partition>,
+        ticket: u64,
+        marks: core::Watermarks,
+    ) -> Result<()> {
+        self.inner.flush.durable(ticket).await?;
+        let lag = {
+            let mut state = part.state();
+            state.publish(marks);
+            let visible = state.visible();
+            visible.high_watermark - visible.last_stable_offset
+        };
+        self.inner.metrics.lso_lag(&part.tp, lag);
+        part.appended.notify_waiters();
+        Ok(())
+    }
+
+    /// After a failed append: the state again as the engine holds it, readers still limited to
+    /// what they saw; the partition goes offline if even that fails.
+    async fn reload_after_failure(&self, part: &Arc<Partition>, error: &Error) {
+        warn!(partition = %part.tp, "write failed, reloading the partition: {error}");
+        let (tp, storage) = (part.tp.clone(), self.inner.storage.clone());
+        let skip = self.inner.unsafe_skip_epoch_check;
+        let reloaded = blocking(move || {
+            let loaded = storage.load(&tp)?;
+            PartitionState::restore(
+                skip,
+                loaded.high_watermark,
+                loaded.producers,
+                loaded.aborted,
+            )
+        })
+        .await;
+        match reloaded {
+            Ok(mut state) => {
+                let mut current = part.state();
+                state.limit_visible(current.visible());
+                *current = state;
+            }
+            Err(reload) => {
+                tracing::error!(partition = %part.tp, "partition offline: {reload}");
+                part.offline
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                if let Some(health) = self.inner.health.get() {
+                    health.set_serving(false).await;
+                }
+            }
+        }
+        part.appended.notify_waiters();
     }
 
     pub(crate) fn describe_producers_inner(
@@ -406,28 +438,24 @@ impl PartitionLeader for LeaderService {
         &self,
         request: Request<ProduceRequest>,
     ) -> Result<Response<ProduceResponse>, Status> {
-        let pid = request
-            .get_ref()
-            .batch
-            .as_ref()
-            .map_or(cluster::NO_PRODUCER_ID, |b| b.producer_id);
-        let response = self
-            .produce_inner(request.into_inner())
-            .await
-            .unwrap_or_else(|e| {
-                let (error_code, error_message) = e.to_wire();
-                debug!(error_message, "produce rejected");
-                ProduceResponse {
-                    error_code,
-                    error_message,
-                    base_offset: -1,
-                    duplicate: false,
-                    high_watermark: -1,
-                }
-            });
-        self.inner
-            .metrics
-            .request("Produce", response.error_code, "", pid);
+        Ok(Response::new(
+            self.produce_answered(request.into_inner()).await,
+        ))
+    }
+
+    #[instrument(skip_all, fields(partitions = request.get_ref().partitions.len()))]
+    async fn produce_partitions(
+        &self,
+        request: Request<proto::ProducePartitionsRequest>,
+    ) -> Result<Response<proto::ProducePartitionsResponse>, Status> {
+        let response = self.produce_partitions_inner(request.into_inner()).await;
+        // The request itself, besides each entry counted as a Produce.
+        self.inner.metrics.request(
+            "ProducePartitions",
+            proto::ErrorCode::None as i32,
+            "",
+            cluster::NO_PRODUCER_ID,
+        );
         Ok(Response::new(response))
     }
 

@@ -4,7 +4,11 @@
 //! an append is made durable and applied. May touch: the partition's write lock and state, the
 //! verifier, storage (through `persist`).
 
-use proto::{ProduceRequest, ProduceResponse, RecordBatch};
+use proto::{
+    ProducePartitionsRequest, ProducePartitionsResponse, ProduceRequest, ProduceResponse,
+    RecordBatch,
+};
+use std::collections::BTreeMap;
 use tokio::sync::OwnedMutexGuard;
 use tracing::{debug, info};
 
@@ -22,6 +26,58 @@ enum Round {
 }
 
 impl LeaderService {
+    /// ProducePartitions: every entry as its own Produce; one partition's entries in order,
+    /// partitions at once (their writes share a group flush). Answers in request order.
+    pub(crate) async fn produce_partitions_inner(
+        &self,
+        request: ProducePartitionsRequest,
+    ) -> ProducePartitionsResponse {
+        let count = request.partitions.len();
+        let mut lanes: BTreeMap<(String, i32), Vec<(usize, ProduceRequest)>> = BTreeMap::new();
+        for (i, entry) in request.partitions.into_iter().enumerate() {
+            lanes
+                .entry((entry.topic.clone(), entry.partition))
+                .or_default()
+                .push((i, entry));
+        }
+        let answered = futures::future::join_all(lanes.into_values().map(|lane| async move {
+            let mut answers = Vec::with_capacity(lane.len());
+            for (i, entry) in lane {
+                answers.push((i, self.produce_answered(entry).await));
+            }
+            answers
+        }))
+        .await;
+        let mut responses = vec![ProduceResponse::default(); count];
+        for (i, response) in answered.into_iter().flatten() {
+            responses[i] = response;
+        }
+        ProducePartitionsResponse { responses }
+    }
+
+    /// One Produce, its error as the wire answer, counted in the metrics.
+    pub(crate) async fn produce_answered(&self, request: ProduceRequest) -> ProduceResponse {
+        let pid = request
+            .batch
+            .as_ref()
+            .map_or(cluster::NO_PRODUCER_ID, |b| b.producer_id);
+        let response = self.produce_inner(request).await.unwrap_or_else(|e| {
+            let (error_code, error_message) = e.to_wire();
+            debug!(error_message, "produce rejected");
+            ProduceResponse {
+                error_code,
+                error_message,
+                base_offset: -1,
+                duplicate: false,
+                high_watermark: -1,
+            }
+        });
+        self.inner
+            .metrics
+            .request("Produce", response.error_code, "", pid);
+        response
+    }
+
     pub(crate) async fn produce_inner(&self, request: ProduceRequest) -> Result<ProduceResponse> {
         let part = self.partition(&request.topic, request.partition)?;
         let batch = batch_from_wire(
@@ -88,7 +144,14 @@ impl LeaderService {
             ProduceDecision::Duplicate { base_offset } => {
                 debug!(partition = %part.tp, pid = header.producer_id, base_offset,
                        "duplicate batch");
-                let high_watermark = part.state().high_watermark();
+                // Answered once what it repeats is durable (it may still await its flush).
+                let (high_watermark, marks) = {
+                    let state = part.state();
+                    (state.high_watermark(), state.watermarks())
+                };
+                let ticket = self.inner.flush.latest();
+                drop(guard);
+                self.settle(part, ticket, marks).await?;
                 Ok(Round::Done(ProduceResponse {
                     base_offset,
                     duplicate: true,

@@ -1,0 +1,168 @@
+//! Group commit at the leader, against the real binary: a partition-leader PROCESS killed with
+//! SIGKILL right after acknowledging concurrent Produce requests (several producers, several
+//! partitions, flushes shared) has every acknowledged record at its acknowledged offset after a
+//! restart.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+
+use proto::partition_leader_client::PartitionLeaderClient;
+use proto::{ErrorCode, ProduceRequest};
+use testkit::requests::{self, code, values};
+use tonic::transport::Channel;
+
+/// A leader child process, killed with SIGKILL when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_leader(dir: &std::path::Path, addr: &str, log: &std::path::Path) -> Process {
+    let log = std::fs::File::create(log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_partition-leader"))
+        .args(["--node-id", "101", "--listen", addr])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--topology")
+        .arg(dir.join("topology.toml"))
+        .env("RUST_LOG", "partition_leader=debug")
+        .env("CLUSTER_SECRET", testkit::auth::TEST_SECRET)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Process(child)
+}
+
+async fn connect(addr: &str) -> PartitionLeaderClient<Channel> {
+    let endpoint = format!("http://{addr}");
+    testkit::eventually("leader process up", || {
+        let endpoint = endpoint.clone();
+        async move {
+            let mut client = PartitionLeaderClient::connect(endpoint).await.ok()?;
+            let r = client
+                .fetch(requests::fetch("t", 0, 0, false, 1, 0))
+                .await
+                .ok()?;
+            (r.into_inner().error_code == 0).then_some(client)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_after_group_commits_loses_no_acknowledged_record() {
+    const PRODUCERS: i64 = 8;
+    const BATCHES: i32 = 25;
+    const RECORDS: i32 = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        dir.path().join("topology.toml"),
+        format!(
+            "transaction_state_partitions = 1\n\
+             [[coordinators]]\nid = 1\naddress = \"127.0.0.1:1\"\n\
+             [[leaders]]\nid = 101\naddress = \"{addr}\"\n\
+             [[topics]]\nname = \"t\"\nleaders = [101, 101, 101]\n"
+        ),
+    )
+    .unwrap();
+    let first_log = dir.path().join("first.log");
+    let mut process = spawn_leader(dir.path(), &addr, &first_log);
+    let client = connect(&addr).await;
+
+    // Idempotent producers, all at once, each on partition pid % 3; every reply acknowledges
+    // that its batch is durable at the offset it names.
+    let tasks: Vec<_> = (1..=PRODUCERS)
+        .map(|pid| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                let partition = (pid % 3) as i32;
+                let mut acknowledged = Vec::new();
+                for b in 0..BATCHES {
+                    let values: Vec<String> = (0..RECORDS)
+                        .map(|i| format!("{pid}-{}", b * RECORDS + i))
+                        .collect();
+                    let refs: Vec<&str> = values.iter().map(String::as_str).collect();
+                    let r = client
+                        .produce(ProduceRequest {
+                            topic: "t".into(),
+                            partition,
+                            batch: Some(requests::batch(
+                                (pid, 0, b * RECORDS),
+                                &refs,
+                                None,
+                                b"",
+                                1,
+                            )),
+                        })
+                        .await
+                        .unwrap()
+                        .into_inner();
+                    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+                    for (i, v) in values.into_iter().enumerate() {
+                        acknowledged.push((partition, r.base_offset + i as i64, v));
+                    }
+                }
+                acknowledged
+            })
+        })
+        .collect();
+    let mut acknowledged = Vec::new();
+    for task in tasks {
+        acknowledged.extend(task.await.unwrap());
+    }
+    // At once: no clean stop, no flush at shutdown.
+    process.0.kill().unwrap();
+    process.0.wait().unwrap();
+    drop(process);
+    let writes = testkit::logs::numbers(&first_log, "group commit flushed", "writes");
+    assert!(
+        writes.iter().any(|&n| n > 1),
+        "no flush carried more than one write: {writes:?}"
+    );
+    let flushes = writes.len();
+    let total = (PRODUCERS * BATCHES as i64) as usize;
+    assert!(flushes < total, "{flushes} flushes for {total} writes");
+
+    let second_log = dir.path().join("second.log");
+    let _process = spawn_leader(dir.path(), &addr, &second_log);
+    let mut client = connect(&addr).await;
+    let mut logs = BTreeMap::new();
+    for partition in 0..3 {
+        let r = client
+            .fetch(requests::fetch("t", partition, 0, false, 64 << 20, 0))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.error_code, 0, "{}", r.error_message);
+        let offsets: Vec<i64> = r.records.iter().map(|r| r.offset).collect();
+        logs.insert(
+            partition,
+            offsets
+                .into_iter()
+                .zip(values(&r))
+                .collect::<BTreeMap<_, _>>(),
+        );
+    }
+    for (partition, offset, value) in &acknowledged {
+        assert_eq!(
+            logs[partition].get(offset),
+            Some(value),
+            "acknowledged record {value} at {partition}/{offset} after the restart"
+        );
+    }
+    assert_eq!(
+        logs.values().map(BTreeMap::len).sum::<usize>(),
+        acknowledged.len()
+    );
+}
