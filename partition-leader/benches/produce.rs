@@ -10,7 +10,11 @@
 //! - `in-process`: `LeaderService::produce` called directly over the sled engine (the core
 //!   checks, the multi-tree transaction with producer state, the flush), no network;
 //! - `gRPC`: the same over loopback gRPC against `partition_leader::serve`, with the real
-//!   coordinator for transactional verification (once per transaction per partition).
+//!   coordinator for transactional verification (once per transaction per partition);
+//! - `gRPC 8 producers`: eight idempotent producers at once (one connection and one request in
+//!   flight each) on the topic's three partitions, batches of 100: what the leader's group
+//!   commit (many writes, one flush) makes of concurrent load. Its ratio is to the SAME
+//!   single-stream bare sled row, which cannot share flushes.
 //!
 //! Idempotent = PID with sequences; transactional = the same inside one open transaction (the
 //! EndTxn/marker cost is not part of the Produce path and is not measured here).
@@ -77,7 +81,7 @@ fn topology(coordinator: &str, leader: &str) -> Arc<Topology> {
     Arc::new(
         Topology::parse(&format!(
             "transaction_state_partitions = 1\n[[coordinators]]\nid = 1\naddress = \"{coordinator}\"\n\
-             [[leaders]]\nid = 101\naddress = \"{leader}\"\n[[topics]]\nname = \"bench\"\nleaders = [101]\n"
+             [[leaders]]\nid = 101\naddress = \"{leader}\"\n[[topics]]\nname = \"bench\"\nleaders = [101, 101, 101]\n"
         ))
         .unwrap(),
     )
@@ -89,6 +93,7 @@ fn check(r: &ProduceResponse) {
 
 /// One producer's identity and next sequence.
 struct Producer {
+    partition: i32,
     pid: i64,
     epoch: i32,
     txn_id: Option<String>,
@@ -99,7 +104,7 @@ impl Producer {
     fn next(&mut self, batch: usize) -> ProduceRequest {
         let request = ProduceRequest {
             topic: "bench".into(),
-            partition: 0,
+            partition: self.partition,
             batch: Some(RecordBatch {
                 producer_id: self.pid,
                 producer_epoch: self.epoch,
@@ -124,6 +129,8 @@ enum Target {
     Engine(Arc<SledStorage>, i64),
     InProcess(LeaderService, Producer),
     Grpc(PartitionLeaderClient<Channel>, Producer),
+    /// Several producers at once, each with its own connection.
+    GrpcMany(Vec<(PartitionLeaderClient<Channel>, Producer)>),
 }
 
 struct Row {
@@ -206,6 +213,28 @@ impl Row {
                     let request = producer.next(batch);
                     check(&client.produce(request).await.unwrap().into_inner());
                 }
+                Target::GrpcMany(producers) => {
+                    let tasks: Vec<_> = producers
+                        .drain(..)
+                        .map(|(mut client, mut producer)| {
+                            tokio::spawn(async move {
+                                let mut sent = 0u64;
+                                while start.elapsed() < slice {
+                                    let request = producer.next(batch);
+                                    check(&client.produce(request).await.unwrap().into_inner());
+                                    sent += batch as u64;
+                                }
+                                (client, producer, sent)
+                            })
+                        })
+                        .collect();
+                    for task in tasks {
+                        let (client, producer, sent) = task.await.unwrap();
+                        producers.push((client, producer));
+                        n += sent;
+                    }
+                    continue;
+                }
             }
             n += batch as u64;
         }
@@ -250,6 +279,7 @@ async fn transactional_producer(
         .into_inner();
     assert_eq!(r.error_code, 0, "{}", r.error_message);
     Producer {
+        partition: 0,
         pid: init.producer_id,
         epoch: init.producer_epoch,
         txn_id: Some(txn_id.into()),
@@ -295,9 +325,10 @@ async fn main() {
         let _ = rx2.changed().await;
     }));
     let endpoint = |a: std::net::SocketAddr| {
-        tonic::transport::Endpoint::from_shared(format!("http://{a}"))
-            .unwrap()
-            .connect_lazy()
+        cluster::node::grpc_endpoint(
+            tonic::transport::Endpoint::from_shared(format!("http://{a}")).unwrap(),
+        )
+        .connect_lazy()
     };
     let client = PartitionLeaderClient::new(endpoint(laddr));
     let mut tc = TransactionCoordinatorClient::new(endpoint(caddr));
@@ -323,6 +354,7 @@ async fn main() {
         ));
         rows.push(row("sled engine write", Target::Engine(engine.clone(), 0)));
         let idempotent = |pid| Producer {
+            partition: 0,
             pid,
             epoch: 0,
             txn_id: None,
@@ -344,6 +376,16 @@ async fn main() {
         ));
         let txn = transactional_producer(&mut tc, &format!("grpc-{batch}")).await;
         rows.push(row("gRPC transactional", Target::Grpc(client.clone(), txn)));
+        if batch == 100 {
+            let many = (0..8)
+                .map(|i| {
+                    let mut producer = idempotent(4000 + i);
+                    producer.partition = (i % 3) as i32;
+                    (PartitionLeaderClient::new(endpoint(laddr)), producer)
+                })
+                .collect();
+            rows.push(row("gRPC 8 producers", Target::GrpcMany(many)));
+        }
     }
     // Warm-up (connections, verification, tree creation), not counted.
     for row in &mut rows {
@@ -377,6 +419,21 @@ async fn main() {
             row.records_per_sec() / base
         );
     }
+    let rate = |name: &str| {
+        rows.iter()
+            .find(|r| r.batch == 100 && r.name == name)
+            .map_or(0.0, Row::records_per_sec)
+    };
+    let bare = rate("bare sled append+flush");
+    println!("\ntargets (issue 10), batches of 100, ratios to bare sled append+flush:");
+    println!(
+        "  gRPC idempotent, one request in flight:       {:.2}x (target >= 0.9x)",
+        rate("gRPC idempotent") / bare
+    );
+    println!(
+        "  gRPC 8 producers, 3 partitions (group commit): {:.2}x (target >= 2x)",
+        rate("gRPC 8 producers") / bare
+    );
     drop(rows);
     drop(client);
     let _ = stop_tx.send(true);

@@ -102,8 +102,10 @@ impl GrpcVerifier {
         } else {
             format!("http://{address}")
         };
-        let channel = Endpoint::from_shared(uri)
-            .map_err(|e| Error::CoordinatorNotAvailable(format!("bad address {address}: {e}")))?
+        let channel =
+            cluster::node::grpc_endpoint(Endpoint::from_shared(uri).map_err(|e| {
+                Error::CoordinatorNotAvailable(format!("bad address {address}: {e}"))
+            })?)
             .connect_timeout(self.timeout)
             .timeout(self.timeout)
             .connect_lazy();

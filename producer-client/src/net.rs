@@ -89,10 +89,11 @@ impl Connections {
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
         }
-        let endpoint = Endpoint::from_shared(uri(address))
-            .map_err(|e| Error::Config(format!("bad address {address:?}: {e}")))?
-            .connect_timeout(self.config.connect_timeout)
-            .tcp_nodelay(true);
+        let endpoint = cluster::node::grpc_endpoint(
+            Endpoint::from_shared(uri(address))
+                .map_err(|e| Error::Config(format!("bad address {address:?}: {e}")))?,
+        )
+        .connect_timeout(self.config.connect_timeout);
         let channel = endpoint.connect_lazy();
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)

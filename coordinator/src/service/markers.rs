@@ -49,11 +49,13 @@ impl Shared {
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| format!("bad address {address:?}: {e}"))?
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(MARKER_RPC_TIMEOUT)
-            .connect_lazy();
+        let channel = cluster::node::grpc_endpoint(
+            Endpoint::from_shared(format!("http://{address}"))
+                .map_err(|e| format!("bad address {address:?}: {e}"))?,
+        )
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(MARKER_RPC_TIMEOUT)
+        .connect_lazy();
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
     }

@@ -293,7 +293,7 @@ async fn serve_inner(
         let _ = stopping.wait_for(|stopped| *stopped).await;
         unhealthy.set_serving(false).await;
     });
-    let server = tonic::transport::Server::builder()
+    let server = cluster::node::grpc_server()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(ClusterService::new(topology).into_server())

@@ -685,7 +685,7 @@ async fn serve_inner(
         health.set_serving(false).await;
         let _ = stop_tx.send(true);
     };
-    let served = tonic::transport::Server::builder()
+    let served = node::grpc_server()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(cluster::ClusterService::new(topology).into_server())
