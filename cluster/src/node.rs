@@ -201,6 +201,29 @@ pub async fn binary_extras(
     }))
 }
 
+/// HTTP/2 stream window of every gRPC server and channel of the cluster. HTTP/2's default is
+/// 64 KiB, so a Produce of 100 KiB of records (or a large Fetch answer) would stop for
+/// WINDOW_UPDATE round trips mid-message.
+pub const HTTP2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
+
+/// HTTP/2 connection window (all streams of a connection together).
+pub const HTTP2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
+
+/// A gRPC server builder with the cluster's HTTP/2 windows.
+pub fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+}
+
+/// `endpoint` with the cluster's HTTP/2 windows and TCP_NODELAY (clients and nodes alike).
+pub fn grpc_endpoint(endpoint: tonic::transport::Endpoint) -> tonic::transport::Endpoint {
+    endpoint
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+        .tcp_nodelay(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,27 +298,4 @@ mod tests {
     fn now_is_after_2020() {
         assert!(now_ms() > 1_577_836_800_000);
     }
-}
-
-/// HTTP/2 stream window of every gRPC server and channel of the cluster. HTTP/2's default is
-/// 64 KiB, so a Produce of 100 KiB of records (or a large Fetch answer) would stop for
-/// WINDOW_UPDATE round trips mid-message.
-pub const HTTP2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
-
-/// HTTP/2 connection window (all streams of a connection together).
-pub const HTTP2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
-
-/// A gRPC server builder with the cluster's HTTP/2 windows.
-pub fn grpc_server() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
-        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
-}
-
-/// `endpoint` with the cluster's HTTP/2 windows and TCP_NODELAY (clients and nodes alike).
-pub fn grpc_endpoint(endpoint: tonic::transport::Endpoint) -> tonic::transport::Endpoint {
-    endpoint
-        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
-        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
-        .tcp_nodelay(true)
 }
