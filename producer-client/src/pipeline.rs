@@ -340,7 +340,7 @@ async fn send_batches(shared: Arc<Shared>, batches: Vec<Outbound>) {
                 Some((_, group)) => group.push(batch),
                 None => by_leader.push((leader.address, vec![batch])),
             },
-            Err(e) => answer(&shared, &batch, Err(e)),
+            Err(e) => answer(&shared, &batch, batch.records.len(), Err(e)),
         }
     }
     let limit = conn.config().max_request_size;
@@ -366,9 +366,11 @@ async fn send_batches(shared: Arc<Shared>, batches: Vec<Outbound>) {
 
 /// One ProducePartitions request to the leader at `address`; each batch's answer goes back
 /// into the core (a failed request fails every batch it carried, each retried by the core).
-async fn send_request(shared: Arc<Shared>, address: String, batches: Vec<Outbound>) {
+async fn send_request(shared: Arc<Shared>, address: String, mut batches: Vec<Outbound>) {
+    let counts: Vec<usize> = batches.iter().map(|b| b.records.len()).collect();
+    // The records move into the request (the core keeps its own copy for a retry).
     let entries = batches
-        .iter()
+        .iter_mut()
         .map(|b| ProduceRequest {
             topic: b.partition.topic.clone(),
             partition: b.partition.partition,
@@ -376,7 +378,7 @@ async fn send_request(shared: Arc<Shared>, address: String, batches: Vec<Outboun
                 b.producer,
                 b.base_sequence,
                 shared.transactional_id.as_deref(),
-                b.records.clone(),
+                std::mem::take(&mut b.records),
             )),
         })
         .collect();
@@ -404,26 +406,21 @@ async fn send_request(shared: Arc<Shared>, address: String, batches: Vec<Outboun
     .await;
     match result {
         Ok(responses) => {
-            for (batch, response) in batches.iter().zip(responses) {
-                answer(&shared, batch, response.checked());
+            for ((batch, count), response) in batches.iter().zip(counts).zip(responses) {
+                answer(&shared, batch, count, response.checked());
             }
         }
         Err(e) => {
-            for batch in &batches {
-                answer(&shared, batch, Err(e.clone()));
+            for (batch, count) in batches.iter().zip(counts) {
+                answer(&shared, batch, count, Err(e.clone()));
             }
         }
     }
 }
 
 /// Hands one batch's answer to the core and wakes whoever waits on it.
-fn answer(shared: &Shared, batch: &Outbound, result: Result<ProduceResponse>) {
-    let (partition, producer, seq, count) = (
-        &batch.partition,
-        batch.producer,
-        batch.base_sequence,
-        batch.records.len(),
-    );
+fn answer(shared: &Shared, batch: &Outbound, count: usize, result: Result<ProduceResponse>) {
+    let (partition, producer, seq) = (&batch.partition, batch.producer, batch.base_sequence);
     match &result {
         Ok(r) => tracing::debug!(%partition, pid = producer.0, epoch = producer.1, seq, count,
             offset = r.base_offset, duplicate = r.duplicate, "produced"),
