@@ -9,6 +9,10 @@
 //! during a round are covered by the next one, so under load each flush carries many writes, and
 //! a lone writer pays one flush as before.
 //!
+//! Rounds run on blocking threads: the writer that finds no round running flushes on its own
+//! blocking thread right after its append ([`GroupFlush::lead`]); waiters that find one running
+//! ask for another, which the running thread or a new blocking task performs.
+//!
 //! A failed round fails the waiters it covered that were waiting when it ran (their writes are
 //! not acknowledged; the engine may still persist them later, as in Kafka). Nothing retries a
 //! failed round by itself: the next waiter starts a new one.
@@ -21,7 +25,6 @@ use cluster::metrics::Metrics;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use super::blocking;
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 
@@ -105,55 +108,94 @@ impl GroupFlush {
         Err(Error::Storage(format!("flush failed: {message}")))
     }
 
-    /// Asks for a round, and starts the flushing task unless it runs (it then runs another
-    /// round for this request before it stops).
+    /// Asks for a round, and starts one on the blocking pool unless one is running (it then
+    /// runs another round for this request before it stops).
     fn start(self: &Arc<Self>) {
         self.requested.store(true, Ordering::SeqCst);
         if !self.running.swap(true, Ordering::SeqCst) {
-            tokio::spawn(self.clone().run());
+            self.hand_on();
         }
     }
 
-    /// Flushes while there are uncovered tickets; after a failure, runs again only for waiters
-    /// that asked since the failed round began.
-    async fn run(self: Arc<Self>) {
+    /// Called by a writer on its blocking thread right after its append: if no round is running,
+    /// runs ONE round here (a lone writer pays one flush and no extra thread hop), then hands
+    /// further rounds to the blocking pool.
+    pub(crate) fn lead(self: &Arc<Self>) {
+        if !self.running.swap(true, Ordering::SeqCst) {
+            self.run_rounds(1);
+        }
+    }
+
+    /// Continues the rounds on a blocking thread of the runtime (in place without a runtime).
+    fn hand_on(self: &Arc<Self>) {
+        let this = self.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn_blocking(move || this.run_rounds(usize::MAX));
+            }
+            Err(_) => this.run_rounds(usize::MAX),
+        }
+    }
+
+    /// Runs rounds on this thread (the caller holds `running`) while tickets are uncovered, at
+    /// most `limit`; then releases `running`, handing on if a waiter asked meanwhile (it may have
+    /// seen `running` still set and started nothing). After a failure, rounds run again only for
+    /// waiters that asked since.
+    fn run_rounds(self: &Arc<Self>, limit: usize) {
+        let mut done = 0;
         loop {
             self.requested.store(false, Ordering::SeqCst);
             let target = self.tickets.load(Ordering::SeqCst);
             let durable = self.rounds.borrow().durable;
+            let mut flushed = true;
             if target > durable {
-                let records = self.records.swap(0, Ordering::SeqCst);
-                let storage = self.storage.clone();
-                let started = Instant::now();
-                let flushed = blocking(move || storage.flush()).await;
-                self.metrics.flushed("leader", started.elapsed());
-                let failed = flushed.is_err();
-                debug!(
-                    writes = target - durable,
-                    records, failed, "group commit flushed"
-                );
-                self.rounds.send_modify(|r| {
-                    r.completed += 1;
-                    match &flushed {
-                        Ok(()) => r.durable = r.durable.max(target),
-                        Err(e) => r.failure = Some((r.completed, target, e.to_string())),
-                    }
-                });
-                match flushed {
-                    Ok(()) if records > 0 => self.metrics.group_commit(records as usize),
-                    Ok(()) => {}
-                    Err(e) => warn!("flush failed: {e}"),
-                }
-                if !failed {
+                flushed = self.round(target, durable);
+                done += 1;
+                if flushed && done < limit {
                     continue;
                 }
             }
-            // Nothing left (or the round failed): stop, unless a waiter asked meanwhile (it may
-            // have seen `running` still set and not started a task of its own).
             self.running.store(false, Ordering::SeqCst);
             let asked = self.requested.load(Ordering::SeqCst);
             if !asked || self.running.swap(true, Ordering::SeqCst) {
                 return;
+            }
+            if !flushed || done >= limit {
+                self.hand_on();
+                return;
+            }
+        }
+    }
+
+    /// One flush covering every ticket up to `target`; whether it succeeded.
+    fn round(&self, target: u64, durable: u64) -> bool {
+        let records = self.records.swap(0, Ordering::SeqCst);
+        let started = Instant::now();
+        let flushed = self.storage.flush();
+        self.metrics.flushed("leader", started.elapsed());
+        debug!(
+            writes = target - durable,
+            records,
+            failed = flushed.is_err(),
+            "group commit flushed"
+        );
+        self.rounds.send_modify(|r| {
+            r.completed += 1;
+            match &flushed {
+                Ok(()) => r.durable = r.durable.max(target),
+                Err(e) => r.failure = Some((r.completed, target, e.to_string())),
+            }
+        });
+        match flushed {
+            Ok(()) => {
+                if records > 0 {
+                    self.metrics.group_commit(records as usize);
+                }
+                true
+            }
+            Err(e) => {
+                warn!("flush failed: {e}");
+                false
             }
         }
     }

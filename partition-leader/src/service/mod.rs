@@ -330,23 +330,42 @@ impl LeaderService {
     ) -> Result<()> {
         let service = self.clone();
         tokio::spawn(async move {
-            let ticket = if plan.is_noop() {
+            if plan.is_noop() {
                 part.state().apply(&plan);
-                service.inner.flush.latest()
-            } else {
+                let (ticket, marks) = (service.inner.flush.latest(), part.state().watermarks());
+                drop(guard);
+                return service.settle(&part, ticket, marks).await;
+            }
+            let (flush, store, held) = (
+                service.inner.flush.clone(),
+                service.inner.storage.clone(),
+                part.clone(),
+            );
+            // One blocking call: append, apply, release the lock, and flush if no round runs.
+            let appended = node::blocking(move || {
                 let records = entries.len();
                 let write = Write::new(&plan, entries);
-                let (tp, store) = (part.tp.clone(), service.inner.storage.clone());
-                if let Err(e) = blocking(move || store.append(&tp, &write)).await {
-                    service.reload_after_failure(&part, &e).await;
-                    return Err(e);
+                if let Err(e) = store.append(&held.tp, &write) {
+                    return Err((e, guard));
                 }
-                part.state().apply(&plan);
-                service.inner.flush.appended(records)
-            };
-            let marks = part.state().watermarks();
-            drop(guard);
-            service.settle(&part, ticket, marks).await
+                held.state().apply(&plan);
+                let ticket = flush.appended(records);
+                let marks = held.state().watermarks();
+                drop(guard);
+                flush.lead();
+                Ok((ticket, marks))
+            })
+            .await
+            .map_err(|e| Error::Internal(format!("storage task failed: {e}")))?;
+            match appended {
+                Ok((ticket, marks)) => service.settle(&part, ticket, marks).await,
+                Err((e, guard)) => {
+                    // Still under the write lock: memory again as the engine holds it.
+                    service.reload_after_failure(&part, &e).await;
+                    drop(guard);
+                    Err(e)
+                }
+            }
         })
         .await
         .map_err(|e| Error::Internal(format!("write task failed: {e}")))?
