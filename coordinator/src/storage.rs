@@ -243,7 +243,7 @@ fn history_writes(batch: &mut sled::Batch, meta: &TxnMetadata) -> Result<(), Sto
         return Ok(());
     };
     let id = meta.transactional_id.as_str();
-    batch.insert(history_key(id, last.seq), serde_json::to_vec(last)?);
+    batch.insert(history_key(id, last.seq), serde_json::to_vec(&**last)?);
     if let Some(dropped) = last
         .seq
         .checked_sub(MAX_EPOCH_HISTORY as u64)
@@ -268,13 +268,16 @@ impl Storage for SledStorage {
             key: String::from_utf8_lossy(key).into_owned(),
             reason,
         };
-        let mut histories: HashMap<String, Vec<EpochChange>> = HashMap::new();
+        let mut histories: HashMap<String, Vec<Arc<EpochChange>>> = HashMap::new();
         for entry in self.history.iter() {
             let (key, value) = entry?;
             let id = history_key_id(&key).ok_or_else(|| corrupt(&key, "bad key".into()))?;
             let change: EpochChange =
                 serde_json::from_slice(&value).map_err(|e| corrupt(&key, e.to_string()))?;
-            histories.entry(id.to_string()).or_default().push(change);
+            histories
+                .entry(id.to_string())
+                .or_default()
+                .push(Arc::new(change));
         }
         let mut txns = Vec::new();
         let mut migrated = sled::Batch::default();
@@ -294,6 +297,7 @@ impl Storage for SledStorage {
                     // Stored inline by an older version: one record per change from now on.
                     let history = Arc::make_mut(&mut meta.history);
                     for (change, seq) in history.iter_mut().zip(1..) {
+                        let change = Arc::make_mut(change);
                         change.seq = seq;
                         let key = history_key(&meta.transactional_id, seq);
                         migrated.insert(key, serde_json::to_vec(change)?);
@@ -714,7 +718,7 @@ mod tests {
             .history
             .iter()
             .map(|c| {
-                let mut c = serde_json::to_value(c).unwrap();
+                let mut c = serde_json::to_value(&**c).unwrap();
                 c.as_object_mut().unwrap().remove("seq");
                 c
             })

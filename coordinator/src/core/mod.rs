@@ -295,21 +295,25 @@ pub struct TxnMetadata {
     /// `transactions history` shows. Not part of the stored value: storage keeps one record per
     /// change beside it (see [`crate::storage`]), so a write costs the same whatever the length
     /// of the history; values written before that carry it inline and still load. Shared
-    /// (`Arc`): the copies of the metadata a transition makes do not copy it.
+    /// (`Arc`): the copies of the metadata a transition makes, and a new change, copy pointers
+    /// only.
     #[serde(
         default,
         skip_serializing,
         deserialize_with = "history_serde::deserialize"
     )]
-    pub history: Arc<Vec<EpochChange>>,
+    pub history: Arc<Vec<Arc<EpochChange>>>,
 }
 
 mod history_serde {
     use super::*;
     use serde::Deserializer;
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Vec<EpochChange>>, D::Error> {
-        Vec::<EpochChange>::deserialize(d).map(Arc::new)
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Arc<Vec<Arc<EpochChange>>>, D::Error> {
+        let history = Vec::<EpochChange>::deserialize(d)?;
+        Ok(Arc::new(history.into_iter().map(Arc::new).collect()))
     }
 }
 
@@ -343,14 +347,14 @@ impl TxnMetadata {
         let identity = self.client_identity();
         let seq = self.history.last().map_or(1, |c| c.seq + 1);
         let history = Arc::make_mut(&mut self.history);
-        history.push(EpochChange {
+        history.push(Arc::new(EpochChange {
             producer_id: identity.producer_id,
             epoch: identity.epoch,
             cause: cause.to_string(),
             at_ms,
             instance: instance.to_string(),
             seq,
-        });
+        }));
         let excess = history.len().saturating_sub(MAX_EPOCH_HISTORY);
         history.drain(..excess);
     }
