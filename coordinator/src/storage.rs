@@ -110,6 +110,12 @@ pub trait Storage: Send + Sync + 'static {
     fn put_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
         metas.iter().try_for_each(|meta| self.put_txn(meta))
     }
+    /// Stores several ids' metadata without waiting for durability: the next flush (any
+    /// durable write, [`Storage::flush`], or the engine's periodic one) covers it. The service
+    /// uses it only for Complete* (see `service/commit.rs`). The default is [`Storage::put_txns`].
+    fn write_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
+        self.put_txns(metas)
+    }
     /// Stores the coordinator generation.
     fn put_generation(&self, generation: i64) -> Result<(), StorageError>;
     /// Stores the PID block bound.
@@ -325,17 +331,21 @@ impl Storage for SledStorage {
 
     fn put_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
         // One atomic batch per tree and one flush for the lot: the group commit's whole point.
+        self.write_txns(metas)?;
+        self.durable()
+    }
+
+    fn write_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
         let mut txns = sled::Batch::default();
         let mut history = sled::Batch::default();
         for meta in metas {
             txns.insert(meta.transactional_id.as_bytes(), serde_json::to_vec(meta)?);
             history_writes(&mut history, meta)?;
         }
-        // The history records go first, so the metadata is never ahead of its history; both
-        // are durable before this returns.
+        // The history records go first, so the metadata is never ahead of its history.
         self.history.apply_batch(history)?;
         self.txns.apply_batch(txns)?;
-        self.durable()
+        Ok(())
     }
 
     fn put_generation(&self, generation: i64) -> Result<(), StorageError> {
