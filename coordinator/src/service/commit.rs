@@ -164,7 +164,11 @@ fn write_batches(storage: &dyn Storage, queue: mpsc::Receiver<Pending>) {
             warn!(writes, error = %e, "group commit failed");
         }
         if waiters.is_empty() {
-            debug!(writes, ok = result.is_ok(), "group commit written, left to the next flush");
+            debug!(
+                writes,
+                ok = result.is_ok(),
+                "group commit written, left to the next flush"
+            );
         } else {
             debug!(writes, ok = result.is_ok(), "group commit flushed");
         }
