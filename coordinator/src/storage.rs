@@ -175,6 +175,28 @@ impl SledStorage {
         Ok(())
     }
 
+    /// The history records a write of `meta` adds: its newest change, unless stored already
+    /// (a write that changed no epoch), and the removal of the one that fell out of the window.
+    fn history_ops(&self, meta: &TxnMetadata, ops: &mut Vec<TreeOp>) -> Result<(), StorageError> {
+        let Some(last) = meta.history.last().filter(|c| c.seq > 0) else {
+            return Ok(());
+        };
+        let id = meta.transactional_id.as_str();
+        let key = history_key(id, last.seq);
+        if self.history.contains_key(&key)? {
+            return Ok(());
+        }
+        ops.push((key, Some(serde_json::to_vec(&**last)?)));
+        if let Some(dropped) = last
+            .seq
+            .checked_sub(MAX_EPOCH_HISTORY as u64)
+            .filter(|s| *s > 0)
+        {
+            ops.push((history_key(id, dropped), None));
+        }
+        Ok(())
+    }
+
     fn read_i64(&self, key: &[u8]) -> Result<i64, StorageError> {
         match self.meta.get(key)? {
             None => Ok(0),
@@ -241,22 +263,29 @@ fn history_key_id(key: &[u8]) -> Option<&str> {
     std::str::from_utf8(key.get(2..2 + len)?).ok()
 }
 
-/// Adds to `batch` the history records a write of `meta` changes: its newest change (written
-/// again, unchanged, when the write changed no epoch) and the removal of the one that fell out
-/// of the window.
-fn history_writes(batch: &mut sled::Batch, meta: &TxnMetadata) -> Result<(), StorageError> {
-    let Some(last) = meta.history.last().filter(|c| c.seq > 0) else {
+/// One change to a tree: insert (`Some`) or remove (`None`).
+type TreeOp = (Vec<u8>, Option<Vec<u8>>);
+
+/// Applies `ops` to `tree`: one by one when there are few (sled's batch has a fixed cost), as
+/// one atomic batch otherwise.
+fn apply(tree: &sled::Tree, ops: Vec<TreeOp>) -> Result<(), StorageError> {
+    if ops.len() <= 2 {
+        for (key, value) in ops {
+            match value {
+                Some(value) => tree.insert(key, value)?,
+                None => tree.remove(key)?,
+            };
+        }
         return Ok(());
-    };
-    let id = meta.transactional_id.as_str();
-    batch.insert(history_key(id, last.seq), serde_json::to_vec(&**last)?);
-    if let Some(dropped) = last
-        .seq
-        .checked_sub(MAX_EPOCH_HISTORY as u64)
-        .filter(|s| *s > 0)
-    {
-        batch.remove(history_key(id, dropped));
     }
+    let mut batch = sled::Batch::default();
+    for (key, value) in ops {
+        match value {
+            Some(value) => batch.insert(key, value),
+            None => batch.remove(key),
+        }
+    }
+    tree.apply_batch(batch)?;
     Ok(())
 }
 
@@ -336,16 +365,16 @@ impl Storage for SledStorage {
     }
 
     fn write_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
-        let mut txns = sled::Batch::default();
-        let mut history = sled::Batch::default();
+        let mut txns = Vec::with_capacity(metas.len());
+        let mut history = Vec::new();
         for meta in metas {
-            txns.insert(meta.transactional_id.as_bytes(), serde_json::to_vec(meta)?);
-            history_writes(&mut history, meta)?;
+            let value = serde_json::to_vec(meta)?;
+            txns.push((meta.transactional_id.as_bytes().to_vec(), Some(value)));
+            self.history_ops(meta, &mut history)?;
         }
         // The history records go first, so the metadata is never ahead of its history.
-        self.history.apply_batch(history)?;
-        self.txns.apply_batch(txns)?;
-        Ok(())
+        apply(&self.history, history)?;
+        apply(&self.txns, txns)
     }
 
     fn put_generation(&self, generation: i64) -> Result<(), StorageError> {
