@@ -188,10 +188,12 @@ mod tests {
     use crate::storage::{MemoryStorage, Snapshot};
     use cluster::{NodeId, ProducerId};
 
-    /// Memory storage that records each batch's size; the first batch waits for `gate`.
+    /// Memory storage that records each batch's size (flushed, and written without a flush);
+    /// the first flushed batch waits for `gate`.
     struct Gated {
         inner: MemoryStorage,
         batches: Mutex<Vec<usize>>,
+        unflushed: Mutex<Vec<usize>>,
         entered: Mutex<std_mpsc::Sender<()>>,
         gate: Mutex<std_mpsc::Receiver<()>>,
         fail: bool,
@@ -217,6 +219,10 @@ mod tests {
             if self.fail {
                 return Err(StorageError::Task("disk on fire".into()));
             }
+            self.inner.put_txns(metas)
+        }
+        fn write_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
+            lock(&self.unflushed).push(metas.len());
             self.inner.put_txns(metas)
         }
         fn put_generation(&self, generation: i64) -> Result<(), StorageError> {
@@ -258,6 +264,7 @@ mod tests {
         let storage = Arc::new(Gated {
             inner: MemoryStorage::new(),
             batches: Mutex::new(Vec::new()),
+            unflushed: Mutex::new(Vec::new()),
             entered: Mutex::new(entered_tx),
             gate: Mutex::new(gate_rx),
             fail,
@@ -315,5 +322,32 @@ mod tests {
         assert!(results.iter().all(Result::is_err), "{results:?}");
         assert_eq!(*lock(&storage.batches), vec![1, 3]);
         assert!(storage.load().unwrap().txns.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_complete_write_rides_the_next_flush_and_alone_is_not_flushed() {
+        let (storage, entered, gate) = gated(false);
+        let (commit, writer) = GroupCommit::start(storage.clone()).unwrap();
+        let commit = Arc::new(commit);
+        let first = tokio::spawn({
+            let commit = commit.clone();
+            async move { commit.put_txn(meta("a")).await }
+        });
+        tokio::task::spawn_blocking(move || entered.recv().unwrap())
+            .await
+            .unwrap();
+        // Queued behind the first flush: a Complete* nobody waits for, then a waited write.
+        commit.queue_txn(meta("b")).unwrap();
+        let waited = commit.submit(meta("c")).unwrap();
+        gate.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        waited.await.unwrap().unwrap();
+        // A Complete* alone: written, not flushed (the next flush, or the one at stop, covers it).
+        commit.queue_txn(meta("d")).unwrap();
+        commit.close();
+        GroupCommit::join(writer).await.unwrap();
+        assert_eq!(*lock(&storage.batches), vec![1, 2]);
+        assert_eq!(*lock(&storage.unflushed), vec![1]);
+        assert_eq!(storage.load().unwrap().txns.len(), 4);
     }
 }
