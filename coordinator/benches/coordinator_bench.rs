@@ -4,10 +4,14 @@
 //! from the topology) and a bare sled insert + flush.
 //!
 //! Run: `cargo bench -p coordinator --bench coordinator_bench` (release profile), optionally
-//! followed by `-- --iterations N --seconds S --concurrency C`.
+//! followed by `-- --iterations N --seconds S --concurrency C --rounds R`.
 //!
 //! Reported: p50/p99 latency with one client (sequential requests), and throughput with C
-//! (default 64) concurrent transactional ids for S seconds, plus ratios to the baselines.
+//! (default 64) concurrent transactional ids for S seconds, plus ratios to the baselines. The
+//! no-op gRPC baseline and the Init/Add/End cycle run in R (default 3) alternating slices of
+//! S/R seconds each, so that both see the same share of a machine busy with other work; the
+//! process CPU time per request of both is printed too, as context (it does not depend on how
+//! busy the machine is).
 //!
 //! Markers need a partition leader: the bench serves a minimal in-process gRPC `PartitionLeader`
 //! stub that acknowledges every marker at once, alone or in a WriteTxnMarkersBatch (no log, no
@@ -95,6 +99,7 @@ struct Args {
     iterations: usize,
     seconds: u64,
     concurrency: usize,
+    rounds: u32,
 }
 
 fn args() -> Args {
@@ -102,6 +107,7 @@ fn args() -> Args {
         iterations: 1000,
         seconds: 3,
         concurrency: 64,
+        rounds: 3,
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -111,6 +117,7 @@ fn args() -> Args {
             ("--iterations", Some(v)) => a.iterations = v as usize,
             ("--seconds", Some(v)) => a.seconds = v,
             ("--concurrency", Some(v)) => a.concurrency = v as usize,
+            ("--rounds", Some(v)) => a.rounds = (v as u32).max(1),
             _ => {
                 i += 1;
                 continue;
@@ -203,15 +210,59 @@ async fn cycle(c: &mut Coord, id: &str, partition: i32, retries: &AtomicU64) {
     assert_eq!(r.error_code, 0, "end: {}", r.error_message);
 }
 
-/// Runs `op(task, i)` in `concurrency` tasks for `seconds`; returns operations per second.
-async fn throughput<F, Fut>(concurrency: usize, seconds: u64, op: F) -> f64
+/// What one throughput measurement counted: operations, wall time and the CPU time the whole
+/// process (client, server, sled) used meanwhile.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    ops: u64,
+    wall: Duration,
+    cpu: Option<Duration>,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.ops += other.ops;
+        self.wall += other.wall;
+        self.cpu = self.cpu.zip(other.cpu).map(|(a, b)| a + b);
+    }
+
+    fn empty() -> Self {
+        Self {
+            cpu: Some(Duration::ZERO),
+            ..Self::default()
+        }
+    }
+
+    fn per_second(&self) -> f64 {
+        self.ops as f64 / self.wall.as_secs_f64()
+    }
+
+    /// CPU microseconds per operation (`None` where /proc is missing).
+    fn cpu_us_per_op(&self) -> Option<f64> {
+        self.cpu.map(|c| us(c) / (self.ops.max(1) as f64))
+    }
+}
+
+/// User + system CPU time of this process (every thread) so far, from /proc/self/stat (Linux,
+/// 100 ticks per second); `None` elsewhere.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // Fields 14 and 15 of proc(5) (utime, stime); the list starts at field 3.
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Runs `op(task, i)` in `concurrency` tasks for `duration`; what it counted.
+async fn throughput<F, Fut>(concurrency: usize, duration: Duration, op: F) -> Tally
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + Clone + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
     let done = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let deadline = Instant::now() + duration;
     let start = Instant::now();
+    let cpu_start = process_cpu();
     let mut tasks = Vec::new();
     for task in 0..concurrency {
         let op = op.clone();
@@ -228,7 +279,13 @@ where
     for t in tasks {
         t.await.expect("task");
     }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    Tally {
+        ops: done.load(Ordering::Relaxed),
+        wall: start.elapsed(),
+        cpu: process_cpu()
+            .zip(cpu_start)
+            .map(|(end, start)| end.saturating_sub(start)),
+    }
 }
 
 #[tokio::main]
@@ -367,20 +424,6 @@ async fn main() -> anyhow::Result<()> {
         .collect::<Result<_, _>>()?;
     let channels = Arc::new(channels);
 
-    let ch = channels.clone();
-    let rpc_tput = throughput(a.concurrency, a.seconds, move |task, _| {
-        let mut c = ClusterClient::new(ch[task % ch.len()].clone());
-        async move {
-            c.find_coordinator(FindCoordinatorRequest {
-                key: "bench".into(),
-                key_type: 0,
-            })
-            .await
-            .expect("rpc");
-        }
-    })
-    .await;
-
     let sled_tput = {
         let done = Arc::new(AtomicU64::new(0));
         let deadline = Instant::now() + Duration::from_secs(a.seconds);
@@ -408,27 +451,56 @@ async fn main() -> anyhow::Result<()> {
 
     let ch = channels.clone();
     let r = retries.clone();
-    let init_tput = throughput(a.concurrency, a.seconds, move |task, _| {
-        let mut c = Coord::new(ch[task % ch.len()].clone());
-        let r = r.clone();
-        async move {
-            init(&mut c, &format!("bench-init-{task}"), &r).await;
-        }
-    })
-    .await;
+    let init_tput = throughput(
+        a.concurrency,
+        Duration::from_secs(a.seconds),
+        move |task, _| {
+            let mut c = Coord::new(ch[task % ch.len()].clone());
+            let r = r.clone();
+            async move {
+                init(&mut c, &format!("bench-init-{task}"), &r).await;
+            }
+        },
+    )
+    .await
+    .per_second();
 
+    // The no-op baseline and the cycle run in alternating slices (`rounds` of each), so both
+    // see the same share of a machine that other work keeps busy.
     let before_retries = retries.load(Ordering::Relaxed);
-    let ch = channels.clone();
-    let r = retries.clone();
-    let cycle_tput = throughput(a.concurrency, a.seconds, move |task, i| {
-        let mut c = Coord::new(ch[task % ch.len()].clone());
-        let r = r.clone();
-        async move {
-            cycle(&mut c, &format!("bench-cycle-{task}"), (i % 4) as i32, &r).await;
-        }
-    })
-    .await;
+    let slice = Duration::from_secs(a.seconds) / a.rounds;
+    let (mut rpc, mut cycles) = (Tally::empty(), Tally::empty());
+    for _ in 0..a.rounds {
+        let ch = channels.clone();
+        rpc.add(
+            throughput(a.concurrency, slice, move |task, _| {
+                let mut c = ClusterClient::new(ch[task % ch.len()].clone());
+                async move {
+                    c.find_coordinator(FindCoordinatorRequest {
+                        key: "bench".into(),
+                        key_type: 0,
+                    })
+                    .await
+                    .expect("rpc");
+                }
+            })
+            .await,
+        );
+        let ch = channels.clone();
+        let r = retries.clone();
+        cycles.add(
+            throughput(a.concurrency, slice, move |task, i| {
+                let mut c = Coord::new(ch[task % ch.len()].clone());
+                let r = r.clone();
+                async move {
+                    cycle(&mut c, &format!("bench-cycle-{task}"), (i % 4) as i32, &r).await;
+                }
+            })
+            .await,
+        );
+    }
     let cycle_retries = retries.load(Ordering::Relaxed) - before_retries;
+    let (rpc_tput, cycle_tput) = (rpc.per_second(), cycles.per_second());
 
     println!(
         "{:<44} {:>10.0} ops/s",
@@ -477,7 +549,7 @@ async fn main() -> anyhow::Result<()> {
         cycle_tput / sled_tput
     );
 
-    let cycles = cycle_tput * a.seconds as f64;
+    let cycle_count = cycles.ops as f64;
     println!("targets (issue 10):");
     println!(
         "  InitProducerId p50 / (gRPC no-op p50 + sled flush p50) = {:>6.2}x   (target <= 1.2)",
@@ -490,11 +562,19 @@ async fn main() -> anyhow::Result<()> {
         cycle_requests / rpc_tput,
         cycle_requests
     );
+    if let (Some(rpc_cpu), Some(cycle_cpu)) = (rpc.cpu_us_per_op(), cycles.cpu_us_per_op()) {
+        println!(
+            "  (context) process CPU per coordinator request / per no-op = {:>6.2}x   ({:.1} us vs {:.1} us)",
+            cycle_cpu / 3.0 / rpc_cpu,
+            cycle_cpu / 3.0,
+            rpc_cpu
+        );
+    }
     println!(
         "  CONCURRENT_TRANSACTIONS retries per cycle               = {:>6.3}    (target < 0.1; {} in {:.0} cycles)",
-        cycle_retries as f64 / cycles.max(1.0),
+        cycle_retries as f64 / cycle_count.max(1.0),
         cycle_retries,
-        cycles
+        cycle_count
     );
 
     drop(db);

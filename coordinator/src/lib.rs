@@ -39,9 +39,10 @@
 //! leader in parallel (and WriteGroupOffsetMarker to each group's coordinator, which is `groups`
 //! on that node), asks [`core::marker_reply`] what each answer means (acknowledged, retry, or
 //! stop) and retries with backoff until acknowledged; then [`core::complete_markers`] moves the
-//! id to CompleteCommit, which `state` persists too. A crash between the two writes leaves
-//! PrepareCommit on disk; the next start (`state`'s load) re-sends the markers and completes the
-//! commit. A request for the id that arrives meanwhile (the producer's next InitProducerId or
+//! id to CompleteCommit, which `state` queues in the group commit without waiting for a flush
+//! of its own (it records what is durable already; the next flush covers it). A crash before
+//! that write is durable leaves PrepareCommit on disk; the next start (`state`'s load) re-sends
+//! the markers and completes the commit. A request for the id that arrives meanwhile (the producer's next InitProducerId or
 //! EndTxn) does not bounce with CONCURRENT_TRANSACTIONS: `state` lets it wait, up to
 //! [`CoordinatorConfig::max_prepare_wait`], for the completion and then answers it.
 //!

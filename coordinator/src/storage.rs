@@ -13,7 +13,13 @@
 //!   [`Storage::apply_group_marker`] writes a marker's offsets and these records in one sled
 //!   transaction over both trees, so a crash never leaves offsets without their fence;
 //! - in tree `__coordinator_meta`: the coordinator generation (bumped at every start) and the
-//!   PID block bound (see [`crate::core::PidAllocator`]).
+//!   PID block bound (see [`crate::core::PidAllocator`]);
+//! - per transactional id, its last [`MAX_EPOCH_HISTORY`] epoch changes
+//!   ([`TxnMetadata::history`]), one record per change in tree `__transaction_history`: key =
+//!   length-prefixed id + big-endian [`EpochChange::seq`], value = JSON. A write stores the
+//!   newest change's record and removes the one that fell out of the window, so a write costs
+//!   the same whatever the length of the history (the metadata value itself does not carry it;
+//!   values written before carry it inline, and [`Storage::load`] moves it into the tree once).
 //!
 //! [`Storage::put_txns`] writes several ids' metadata with one flush: the service's group
 //! commit (`service/commit.rs`) gathers the transitions of concurrent requests into it.
@@ -24,17 +30,22 @@
 //!
 //! CAVEATS: the methods are synchronous (sled is); the service calls them on tokio's blocking
 //! pool. JSON is not the most compact encoding; a transaction of 10,000 partitions is ~300 KB per
-//! write. No compaction or expiry of old ids, nor of a group's per-PID fencing records.
+//! write. No compaction or expiry of old ids, nor of a group's per-PID fencing records. A
+//! transition's history record and its metadata are two sled batches in one flush: both are
+//! durable before the write returns, but a crash during that flush may keep the record
+//! without the metadata (a change that was never acknowledged then shows in the history).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use cluster::{NodeId, ProducerEpoch, ProducerId, TopicPartition};
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
-use crate::core::{GroupMarkerFence, GroupMarkerWrite, PendingOffsets, TxnMetadata};
+use crate::core::{
+    EpochChange, GroupMarkerFence, GroupMarkerWrite, PendingOffsets, TxnMetadata, MAX_EPOCH_HISTORY,
+};
 
 /// Name of the sled tree holding transaction metadata.
 pub const TXN_STATE_TREE: &str = "__transaction_state";
@@ -42,6 +53,8 @@ pub const TXN_STATE_TREE: &str = "__transaction_state";
 pub const GROUP_OFFSETS_TREE: &str = "__consumer_offsets";
 /// Name of the sled tree holding the per-group fencing records of group markers.
 pub const GROUP_MARKER_TREE: &str = "__group_marker_state";
+/// Name of the sled tree holding the epoch changes of each transactional id.
+pub const TXN_HISTORY_TREE: &str = "__transaction_history";
 /// Name of the sled tree holding the generation and the PID block.
 pub const META_TREE: &str = "__coordinator_meta";
 const GENERATION_KEY: &[u8] = b"generation";
@@ -97,6 +110,12 @@ pub trait Storage: Send + Sync + 'static {
     fn put_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
         metas.iter().try_for_each(|meta| self.put_txn(meta))
     }
+    /// Stores several ids' metadata without waiting for durability: the next flush (any
+    /// durable write, [`Storage::flush`], or the engine's periodic one) covers it. The service
+    /// uses it only for Complete* (see `service/commit.rs`). The default is [`Storage::put_txns`].
+    fn write_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
+        self.put_txns(metas)
+    }
     /// Stores the coordinator generation.
     fn put_generation(&self, generation: i64) -> Result<(), StorageError>;
     /// Stores the PID block bound.
@@ -129,6 +148,7 @@ pub trait Storage: Send + Sync + 'static {
 pub struct SledStorage {
     db: sled::Db,
     txns: sled::Tree,
+    history: sled::Tree,
     offsets: sled::Tree,
     markers: sled::Tree,
     meta: sled::Tree,
@@ -142,6 +162,7 @@ impl SledStorage {
         let db = cluster::node::open_sled(dir.as_ref(), cluster::node::SLED_LOCK_WAIT)?;
         Ok(Self {
             txns: db.open_tree(TXN_STATE_TREE)?,
+            history: db.open_tree(TXN_HISTORY_TREE)?,
             offsets: db.open_tree(GROUP_OFFSETS_TREE)?,
             markers: db.open_tree(GROUP_MARKER_TREE)?,
             meta: db.open_tree(META_TREE)?,
@@ -151,6 +172,28 @@ impl SledStorage {
 
     fn durable(&self) -> Result<(), StorageError> {
         self.db.flush()?;
+        Ok(())
+    }
+
+    /// The history records a write of `meta` adds: its newest change, unless stored already
+    /// (a write that changed no epoch), and the removal of the one that fell out of the window.
+    fn history_ops(&self, meta: &TxnMetadata, ops: &mut Vec<TreeOp>) -> Result<(), StorageError> {
+        let Some(last) = meta.history.last().filter(|c| c.seq > 0) else {
+            return Ok(());
+        };
+        let id = meta.transactional_id.as_str();
+        let key = history_key(id, last.seq);
+        if self.history.contains_key(&key)? {
+            return Ok(());
+        }
+        ops.push((key, Some(serde_json::to_vec(&**last)?)));
+        if let Some(dropped) = last
+            .seq
+            .checked_sub(MAX_EPOCH_HISTORY as u64)
+            .filter(|s| *s > 0)
+        {
+            ops.push((history_key(id, dropped), None));
+        }
         Ok(())
     }
 
@@ -204,6 +247,48 @@ fn decode_be<const N: usize>(key: &[u8], value: &[u8]) -> Result<[u8; N], Storag
     })
 }
 
+fn history_prefix(transactional_id: &str) -> Vec<u8> {
+    group_prefix(transactional_id)
+}
+
+fn history_key(transactional_id: &str, seq: u64) -> Vec<u8> {
+    let mut key = history_prefix(transactional_id);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+/// The transactional id a history record's key names.
+fn history_key_id(key: &[u8]) -> Option<&str> {
+    let len = u16::from_be_bytes(key.get(..2)?.try_into().ok()?) as usize;
+    std::str::from_utf8(key.get(2..2 + len)?).ok()
+}
+
+/// One change to a tree: insert (`Some`) or remove (`None`).
+type TreeOp = (Vec<u8>, Option<Vec<u8>>);
+
+/// Applies `ops` to `tree`: one by one when there are few (sled's batch has a fixed cost), as
+/// one atomic batch otherwise.
+fn apply(tree: &sled::Tree, ops: Vec<TreeOp>) -> Result<(), StorageError> {
+    if ops.len() <= 2 {
+        for (key, value) in ops {
+            match value {
+                Some(value) => tree.insert(key, value)?,
+                None => tree.remove(key)?,
+            };
+        }
+        return Ok(());
+    }
+    let mut batch = sled::Batch::default();
+    for (key, value) in ops {
+        match value {
+            Some(value) => batch.insert(key, value),
+            None => batch.remove(key),
+        }
+    }
+    tree.apply_batch(batch)?;
+    Ok(())
+}
+
 fn decode_offset_key(prefix_len: usize, key: &[u8]) -> Option<TopicPartition> {
     let rest = key.get(prefix_len..)?;
     let len = u16::from_be_bytes(rest.get(..2)?.try_into().ok()?) as usize;
@@ -214,15 +299,53 @@ fn decode_offset_key(prefix_len: usize, key: &[u8]) -> Option<TopicPartition> {
 
 impl Storage for SledStorage {
     fn load(&self) -> Result<Snapshot, StorageError> {
+        let corrupt = |key: &[u8], reason: String| StorageError::Corrupt {
+            key: String::from_utf8_lossy(key).into_owned(),
+            reason,
+        };
+        let mut histories: HashMap<String, Vec<Arc<EpochChange>>> = HashMap::new();
+        for entry in self.history.iter() {
+            let (key, value) = entry?;
+            let id = history_key_id(&key).ok_or_else(|| corrupt(&key, "bad key".into()))?;
+            let change: EpochChange =
+                serde_json::from_slice(&value).map_err(|e| corrupt(&key, e.to_string()))?;
+            histories
+                .entry(id.to_string())
+                .or_default()
+                .push(Arc::new(change));
+        }
         let mut txns = Vec::new();
+        let mut migrated = sled::Batch::default();
+        let mut migrating = false;
         for entry in self.txns.iter() {
             let (key, value) = entry?;
-            let meta: TxnMetadata =
-                serde_json::from_slice(&value).map_err(|e| StorageError::Corrupt {
-                    key: String::from_utf8_lossy(&key).into_owned(),
-                    reason: e.to_string(),
-                })?;
+            let mut meta: TxnMetadata =
+                serde_json::from_slice(&value).map_err(|e| corrupt(&key, e.to_string()))?;
+            match histories.remove(&meta.transactional_id) {
+                Some(mut history) => {
+                    // Keys sort by sequence number: the newest last.
+                    let excess = history.len().saturating_sub(MAX_EPOCH_HISTORY);
+                    history.drain(..excess);
+                    meta.history = Arc::new(history);
+                }
+                None if !meta.history.is_empty() => {
+                    // Stored inline by an older version: one record per change from now on.
+                    let history = Arc::make_mut(&mut meta.history);
+                    for (change, seq) in history.iter_mut().zip(1..) {
+                        let change = Arc::make_mut(change);
+                        change.seq = seq;
+                        let key = history_key(&meta.transactional_id, seq);
+                        migrated.insert(key, serde_json::to_vec(change)?);
+                    }
+                    migrating = true;
+                }
+                None => {}
+            }
             txns.push(meta);
+        }
+        if migrating {
+            self.history.apply_batch(migrated)?;
+            self.durable()?;
         }
         Ok(Snapshot {
             txns,
@@ -232,22 +355,26 @@ impl Storage for SledStorage {
     }
 
     fn put_txn(&self, meta: &TxnMetadata) -> Result<(), StorageError> {
-        let value = serde_json::to_vec(meta)?;
-        self.txns.insert(meta.transactional_id.as_bytes(), value)?;
-        self.durable()
+        self.put_txns(std::slice::from_ref(meta))
     }
 
     fn put_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
-        // One atomic batch and one flush for the lot: the group commit's whole point.
-        if let [meta] = metas {
-            return self.put_txn(meta);
-        }
-        let mut batch = sled::Batch::default();
-        for meta in metas {
-            batch.insert(meta.transactional_id.as_bytes(), serde_json::to_vec(meta)?);
-        }
-        self.txns.apply_batch(batch)?;
+        // One atomic batch per tree and one flush for the lot: the group commit's whole point.
+        self.write_txns(metas)?;
         self.durable()
+    }
+
+    fn write_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
+        let mut txns = Vec::with_capacity(metas.len());
+        let mut history = Vec::new();
+        for meta in metas {
+            let value = serde_json::to_vec(meta)?;
+            txns.push((meta.transactional_id.as_bytes().to_vec(), Some(value)));
+            self.history_ops(meta, &mut history)?;
+        }
+        // The history records go first, so the metadata is never ahead of its history.
+        apply(&self.history, history)?;
+        apply(&self.txns, txns)
     }
 
     fn put_generation(&self, generation: i64) -> Result<(), StorageError> {
@@ -573,6 +700,86 @@ mod tests {
                 coordinator_generation: Some(3),
             }
         );
+    }
+
+    /// `n` epoch changes of `id`, each written as the service writes them.
+    fn changes(store: &dyn Storage, id: &str, n: i64) -> TxnMetadata {
+        let mut meta = TxnMetadata::new(id, 7, 1000, 0);
+        for at in 0..n {
+            meta.producer_epoch = at as i16;
+            meta.record_epoch_change("end_txn", "127.0.0.1:1", at);
+            store.put_txn(&meta).unwrap();
+            // A write that changes no epoch leaves the history as it is.
+            meta.last_update_ms = at;
+            store.put_txn(&meta).unwrap();
+        }
+        meta
+    }
+
+    #[test]
+    fn the_history_is_kept_per_change_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = MAX_EPOCH_HISTORY as i64 + 5;
+        let (a, b) = {
+            let store = SledStorage::open(dir.path()).unwrap();
+            let a = changes(&store, "a", n);
+            // An id whose name is a prefix of another keeps its own history.
+            let b = changes(&store, "ab", 3);
+            // The value itself does not carry the history.
+            let value = store.txns.get("a").unwrap().unwrap();
+            assert!(!String::from_utf8_lossy(&value).contains("127.0.0.1"));
+            (a, b)
+        };
+        let store = SledStorage::open(dir.path()).unwrap();
+        assert_eq!(store.history.len(), MAX_EPOCH_HISTORY + 3);
+        let snap = store.load().unwrap();
+        assert_eq!(snap.txns, vec![a.clone(), b]);
+        assert_eq!(a.history.len(), MAX_EPOCH_HISTORY);
+        assert_eq!(a.history[0].epoch, 5);
+        assert_eq!(a.history.last().unwrap().seq, n as u64);
+        // The memory engine keeps the same.
+        let memory = MemoryStorage::new();
+        assert_eq!(changes(&memory, "a", n), a);
+        assert_eq!(memory.load().unwrap().txns, vec![a]);
+    }
+
+    #[test]
+    fn a_history_stored_inline_moves_to_its_own_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut meta = TxnMetadata::new("old", 7, 1000, 0);
+        for at in 0..3 {
+            meta.producer_epoch = at as i16;
+            meta.record_epoch_change("end_txn", "127.0.0.1:1", at);
+        }
+        // As an older version stored it: the history inside the value, without numbers.
+        let mut json = serde_json::to_value(&meta).unwrap();
+        let history: Vec<serde_json::Value> = meta
+            .history
+            .iter()
+            .map(|c| {
+                let mut c = serde_json::to_value(&**c).unwrap();
+                c.as_object_mut().unwrap().remove("seq");
+                c
+            })
+            .collect();
+        json["history"] = serde_json::Value::Array(history);
+        {
+            let store = SledStorage::open(dir.path()).unwrap();
+            store
+                .txns
+                .insert("old", serde_json::to_vec(&json).unwrap())
+                .unwrap();
+            assert_eq!(store.load().unwrap().txns, vec![meta.clone()]);
+            // The next write no longer carries it inline, and a new change is numbered on.
+            meta.producer_epoch = 3;
+            meta.record_epoch_change("end_txn", "127.0.0.1:1", 3);
+            store.put_txn(&meta).unwrap();
+        }
+        let store = SledStorage::open(dir.path()).unwrap();
+        let loaded = store.load().unwrap().txns;
+        assert_eq!(loaded, vec![meta]);
+        let seqs: Vec<u64> = loaded[0].history.iter().map(|c| c.seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4]);
     }
 
     #[test]

@@ -151,13 +151,10 @@ fn spawn_coordinator(dir: &std::path::Path, addr: &str, log: &std::path::Path) -
     Process(child)
 }
 
-#[tokio::test]
-async fn sigkill_after_a_group_commit_loses_no_acknowledged_transition() {
-    const IDS: usize = 32;
+/// A data directory and topology for a coordinator child process at a free address, with
+/// leader 101 served in-process by `leader`.
+async fn killable_setup(leader: &FakeLeader) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
-    // Leader 101 refuses every marker: an EndTxn's PrepareCommit stays the durable state.
-    let leader = FakeLeader::default();
-    leader.set_ack(false);
     let leader_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let leader_addr = leader_listener.local_addr().unwrap();
     tokio::spawn(
@@ -183,7 +180,16 @@ async fn sigkill_after_a_group_commit_loses_no_acknowledged_transition() {
         ),
     )
     .unwrap();
+    (dir, addr)
+}
 
+#[tokio::test]
+async fn sigkill_after_a_group_commit_loses_no_acknowledged_transition() {
+    const IDS: usize = 32;
+    // Leader 101 refuses every marker: an EndTxn's PrepareCommit stays the durable state.
+    let leader = FakeLeader::default();
+    leader.set_ack(false);
+    let (dir, addr) = killable_setup(&leader).await;
     let first_log = dir.path().join("first.log");
     let mut process = spawn_coordinator(dir.path(), &addr, &first_log);
     let client = connect(&addr).await;
@@ -231,6 +237,48 @@ async fn sigkill_after_a_group_commit_loses_no_acknowledged_transition() {
         assert_eq!((d.producer_id, d.producer_epoch), (*pid, *epoch), "{id}");
         let partitions: Vec<_> = d.partitions.iter().map(|p| p.partition).collect();
         assert_eq!(partitions, vec![*partition], "{id}");
+    }
+}
+
+#[tokio::test]
+async fn sigkill_right_after_complete_keeps_every_commit() {
+    // Complete* is not flushed on its own (service/commit.rs): killed before the next flush,
+    // the coordinator restarts in PrepareCommit, sends the markers again and completes.
+    const IDS: usize = 16;
+    let leader = FakeLeader::default();
+    let (dir, addr) = killable_setup(&leader).await;
+    let mut process = spawn_coordinator(dir.path(), &addr, &dir.path().join("first.log"));
+    let client = connect(&addr).await;
+    let mut tasks = Vec::new();
+    for i in 0..IDS {
+        let mut t = Txn::new(client.clone(), &format!("done-{i}"));
+        tasks.push(tokio::spawn(async move {
+            let pe = t.init().await;
+            assert_eq!(t.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
+            let bumped = t.end(pe, true).await;
+            t.wait_state(TxnState::CompleteCommit).await;
+            (t.id, bumped)
+        }));
+    }
+    let mut committed = Vec::new();
+    for task in tasks {
+        committed.push(task.await.unwrap());
+    }
+    // At once, while the last Complete* writes may not be flushed yet.
+    process.0.kill().unwrap();
+    process.0.wait().unwrap();
+    drop(process);
+    let markers_before = leader.markers().len();
+    assert!(markers_before >= IDS);
+
+    let _process = spawn_coordinator(dir.path(), &addr, &dir.path().join("second.log"));
+    let client = connect(&addr).await;
+    for (id, bumped) in committed {
+        let mut t = Txn::new(client.clone(), &id);
+        let d = t.wait_state(TxnState::CompleteCommit).await;
+        assert_eq!((d.producer_id, d.producer_epoch), bumped, "{id}");
+        // The producer's next transaction starts from the committed one.
+        assert_eq!(t.init().await, (bumped.0, bumped.1 + 1), "{id}");
     }
 }
 

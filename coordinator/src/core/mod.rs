@@ -86,6 +86,7 @@
 //! acknowledged); the PID stride assumes the set of coordinators never changes.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use cluster::{ProducerEpoch, ProducerId, TopicPartition};
 use proto::ErrorCode;
@@ -293,9 +294,29 @@ pub struct TxnMetadata {
     #[serde(default)]
     pub client_transaction_version: TransactionVersion,
     /// (beyond Kafka) The last [`MAX_EPOCH_HISTORY`] epoch changes, oldest first: what
-    /// `transactions history` shows. Stored with the rest (absent in older values: empty).
-    #[serde(default)]
-    pub history: Vec<EpochChange>,
+    /// `transactions history` shows. Not part of the stored value: storage keeps one record per
+    /// change beside it (see [`crate::storage`]), so a write costs the same whatever the length
+    /// of the history; values written before that carry it inline and still load. Shared
+    /// (`Arc`): the copies of the metadata a transition makes, and a new change, copy pointers
+    /// only.
+    #[serde(
+        default,
+        skip_serializing,
+        deserialize_with = "history_serde::deserialize"
+    )]
+    pub history: Arc<Vec<Arc<EpochChange>>>,
+}
+
+mod history_serde {
+    use super::*;
+    use serde::Deserializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Arc<Vec<Arc<EpochChange>>>, D::Error> {
+        let history = Vec::<EpochChange>::deserialize(d)?;
+        Ok(Arc::new(history.into_iter().map(Arc::new).collect()))
+    }
 }
 
 /// How many epoch changes [`TxnMetadata::history`] keeps.
@@ -316,21 +337,28 @@ pub struct EpochChange {
     /// Who caused it: the client's address as the coordinator saw it, or `coordinator` for its
     /// own timeout scan.
     pub instance: String,
+    /// The change's number among all the id's changes (1 for the first; 0 in histories stored
+    /// inline before it existed): the key of its record in storage.
+    #[serde(default)]
+    pub seq: u64,
 }
 
 impl TxnMetadata {
     /// Appends one change to the history, dropping the oldest beyond [`MAX_EPOCH_HISTORY`].
     pub fn record_epoch_change(&mut self, cause: &str, instance: &str, at_ms: i64) {
         let identity = self.client_identity();
-        self.history.push(EpochChange {
+        let seq = self.history.last().map_or(1, |c| c.seq + 1);
+        let history = Arc::make_mut(&mut self.history);
+        history.push(Arc::new(EpochChange {
             producer_id: identity.producer_id,
             epoch: identity.epoch,
             cause: cause.to_string(),
             at_ms,
             instance: instance.to_string(),
-        });
-        let excess = self.history.len().saturating_sub(MAX_EPOCH_HISTORY);
-        self.history.drain(..excess);
+            seq,
+        }));
+        let excess = history.len().saturating_sub(MAX_EPOCH_HISTORY);
+        history.drain(..excess);
     }
 }
 
@@ -386,7 +414,7 @@ impl TxnMetadata {
             last_update_ms: now_ms,
             timed_out: false,
             client_transaction_version: TransactionVersion::V2,
-            history: Vec::new(),
+            history: Arc::default(),
         }
     }
 

@@ -16,6 +16,17 @@
 //! a flush. The generation and the PID block are not queued: they are written and flushed
 //! directly (rare, and each must be durable before anything uses it).
 //!
+//! One kind of write needs no flush of its own: Complete* ([`GroupCommit::queue_txn`]). It is
+//! queued like the others and nobody waits for it; a batch of such writes alone is written
+//! without a flush, and the next flush (any other write's, sled's periodic one, the one at
+//! stop) makes it durable. Safe because Complete* only records what is already durable: the
+//! Prepare* decision was flushed before the client was answered, and every leader and group
+//! flushed its marker before acknowledging it. A crash that loses a Complete* leaves
+//! Prepare*, and the next start re-sends the markers (which the destinations acknowledge again
+//! without applying them twice) and completes the transaction the same way: every answer given
+//! from the lost Complete* state stays true. A later write of the same id is queued after it
+//! (under the id's lock), so it is never overtaken on disk.
+//!
 //! Stop: [`GroupCommit::close`] refuses new writes; the writer writes what was already queued
 //! and ends, and [`super::serve_with_storage`] joins it before the final flush, so no queued
 //! write is dropped and nothing outlives `serve` holding the storage open.
@@ -30,7 +41,7 @@ use std::thread::JoinHandle;
 
 use cluster::node::lock;
 use tokio::sync::oneshot;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::core::TxnMetadata;
 use crate::storage::{Storage, StorageError};
@@ -39,12 +50,14 @@ use crate::storage::{Storage, StorageError};
 pub(super) const MAX_BATCH: usize = 1024;
 
 /// What a waiter receives: the batch's result.
+#[cfg(test)]
 type Written = oneshot::Receiver<Result<(), String>>;
 
-/// One queued write and the waiter it releases.
+/// One queued write and the waiter it releases (`None`: a write nobody waits for, which needs
+/// no flush of its own).
 struct Pending {
     meta: TxnMetadata,
-    done: oneshot::Sender<Result<(), String>>,
+    done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
 /// The queue in front of the writer task.
@@ -77,7 +90,8 @@ impl GroupCommit {
     /// Makes `meta` durable together with whatever else is queued; returns once the flush
     /// covering it returned.
     pub(super) async fn put_txn(&self, meta: TxnMetadata) -> Result<(), StorageError> {
-        let written = self.submit(meta)?;
+        let (done, written) = oneshot::channel();
+        self.enqueue(meta, Some(done))?;
         match written.await {
             Ok(result) => result.map_err(StorageError::GroupCommit),
             Err(_) => Err(StorageError::GroupCommit(
@@ -86,10 +100,27 @@ impl GroupCommit {
         }
     }
 
+    /// Queues `meta`, a Complete* write, and returns at once: written with the next batch and
+    /// made durable by the next flush, which nobody waits for (see the module docs for why
+    /// that is enough). Writes of the same id queued later are written after it.
+    pub(super) fn queue_txn(&self, meta: TxnMetadata) -> Result<(), StorageError> {
+        self.enqueue(meta, None)
+    }
+
     /// Queues `meta` (synchronously: it is in the queue when this returns); the receiver
     /// resolves once the flush covering it returned.
+    #[cfg(test)]
     fn submit(&self, meta: TxnMetadata) -> Result<Written, StorageError> {
         let (done, written) = oneshot::channel();
+        self.enqueue(meta, Some(done))?;
+        Ok(written)
+    }
+
+    fn enqueue(
+        &self,
+        meta: TxnMetadata,
+        done: Option<oneshot::Sender<Result<(), String>>>,
+    ) -> Result<(), StorageError> {
         let queued = match lock(&self.queue).as_ref() {
             None => false,
             Some(queue) => queue.send(Pending { meta, done }).is_ok(),
@@ -99,7 +130,7 @@ impl GroupCommit {
                 "the coordinator is stopping".into(),
             ));
         }
-        Ok(written)
+        Ok(())
     }
 
     /// Refuses new writes; the writer finishes what is queued and ends.
@@ -121,8 +152,26 @@ fn write_batches(storage: &dyn Storage, queue: mpsc::Receiver<Pending>) {
         let (metas, waiters): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|p| (p.meta, p.done)).unzip();
         let writes = metas.len();
-        let result = storage.put_txns(&metas).map_err(|e| e.to_string());
-        debug!(writes, ok = result.is_ok(), "group commit flushed");
+        let waiters: Vec<_> = waiters.into_iter().flatten().collect();
+        let result = if waiters.is_empty() {
+            // Only Complete* writes: the next flush covers them.
+            storage.write_txns(&metas)
+        } else {
+            storage.put_txns(&metas)
+        }
+        .map_err(|e| e.to_string());
+        if let Err(e) = &result {
+            warn!(writes, error = %e, "group commit failed");
+        }
+        if waiters.is_empty() {
+            debug!(
+                writes,
+                ok = result.is_ok(),
+                "group commit written, left to the next flush"
+            );
+        } else {
+            debug!(writes, ok = result.is_ok(), "group commit flushed");
+        }
         for waiter in waiters {
             // A waiter that went away (its request was cancelled) needs no answer.
             let _ = waiter.send(result.clone());
@@ -139,10 +188,12 @@ mod tests {
     use crate::storage::{MemoryStorage, Snapshot};
     use cluster::{NodeId, ProducerId};
 
-    /// Memory storage that records each batch's size; the first batch waits for `gate`.
+    /// Memory storage that records each batch's size (flushed, and written without a flush);
+    /// the first flushed batch waits for `gate`.
     struct Gated {
         inner: MemoryStorage,
         batches: Mutex<Vec<usize>>,
+        unflushed: Mutex<Vec<usize>>,
         entered: Mutex<std_mpsc::Sender<()>>,
         gate: Mutex<std_mpsc::Receiver<()>>,
         fail: bool,
@@ -168,6 +219,10 @@ mod tests {
             if self.fail {
                 return Err(StorageError::Task("disk on fire".into()));
             }
+            self.inner.put_txns(metas)
+        }
+        fn write_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
+            lock(&self.unflushed).push(metas.len());
             self.inner.put_txns(metas)
         }
         fn put_generation(&self, generation: i64) -> Result<(), StorageError> {
@@ -209,6 +264,7 @@ mod tests {
         let storage = Arc::new(Gated {
             inner: MemoryStorage::new(),
             batches: Mutex::new(Vec::new()),
+            unflushed: Mutex::new(Vec::new()),
             entered: Mutex::new(entered_tx),
             gate: Mutex::new(gate_rx),
             fail,
@@ -266,5 +322,32 @@ mod tests {
         assert!(results.iter().all(Result::is_err), "{results:?}");
         assert_eq!(*lock(&storage.batches), vec![1, 3]);
         assert!(storage.load().unwrap().txns.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_complete_write_rides_the_next_flush_and_alone_is_not_flushed() {
+        let (storage, entered, gate) = gated(false);
+        let (commit, writer) = GroupCommit::start(storage.clone()).unwrap();
+        let commit = Arc::new(commit);
+        let first = tokio::spawn({
+            let commit = commit.clone();
+            async move { commit.put_txn(meta("a")).await }
+        });
+        tokio::task::spawn_blocking(move || entered.recv().unwrap())
+            .await
+            .unwrap();
+        // Queued behind the first flush: a Complete* nobody waits for, then a waited write.
+        commit.queue_txn(meta("b")).unwrap();
+        let waited = commit.submit(meta("c")).unwrap();
+        gate.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        waited.await.unwrap().unwrap();
+        // A Complete* alone: written, not flushed (the next flush, or the one at stop, covers it).
+        commit.queue_txn(meta("d")).unwrap();
+        commit.close();
+        GroupCommit::join(writer).await.unwrap();
+        assert_eq!(*lock(&storage.batches), vec![1, 2]);
+        assert_eq!(*lock(&storage.unflushed), vec![1]);
+        assert_eq!(storage.load().unwrap().txns.len(), 4);
     }
 }

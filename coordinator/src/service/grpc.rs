@@ -40,7 +40,7 @@ const NO_IDENTITY: ProducerIdAndEpoch =
 
 #[tonic::async_trait]
 impl TransactionCoordinator for CoordinatorService {
-    #[instrument(skip_all, fields(txn_id = ?request.get_ref().transactional_id))]
+    #[instrument(level = "debug", skip_all, fields(txn_id = ?request.get_ref().transactional_id))]
     async fn init_producer_id(
         &self,
         request: Request<proto::InitProducerIdRequest>,
@@ -77,7 +77,7 @@ impl TransactionCoordinator for CoordinatorService {
         }))
     }
 
-    #[instrument(skip_all, fields(txn_id = %request.get_ref().transactional_id))]
+    #[instrument(level = "debug", skip_all, fields(txn_id = %request.get_ref().transactional_id))]
     async fn add_partitions_to_txn(
         &self,
         request: Request<proto::AddPartitionsToTxnRequest>,
@@ -103,7 +103,7 @@ impl TransactionCoordinator for CoordinatorService {
         }))
     }
 
-    #[instrument(skip_all, fields(txn_id = %request.get_ref().transactional_id, group = %request.get_ref().group_id))]
+    #[instrument(level = "debug", skip_all, fields(txn_id = %request.get_ref().transactional_id, group = %request.get_ref().group_id))]
     async fn add_offsets_to_txn(
         &self,
         request: Request<proto::AddOffsetsToTxnRequest>,
@@ -126,7 +126,7 @@ impl TransactionCoordinator for CoordinatorService {
         }))
     }
 
-    #[instrument(skip_all, fields(txn_id = %request.get_ref().transactional_id, group = %request.get_ref().group_id))]
+    #[instrument(level = "debug", skip_all, fields(txn_id = %request.get_ref().transactional_id, group = %request.get_ref().group_id))]
     async fn txn_offset_commit(
         &self,
         request: Request<proto::TxnOffsetCommitRequest>,
@@ -151,7 +151,7 @@ impl TransactionCoordinator for CoordinatorService {
         }))
     }
 
-    #[instrument(skip_all, fields(group = %request.get_ref().group_id))]
+    #[instrument(level = "debug", skip_all, fields(group = %request.get_ref().group_id))]
     async fn offset_fetch(
         &self,
         request: Request<proto::OffsetFetchRequest>,
@@ -171,7 +171,7 @@ impl TransactionCoordinator for CoordinatorService {
         }))
     }
 
-    #[instrument(skip_all, fields(txn_id = %request.get_ref().transactional_id, result = request.get_ref().result))]
+    #[instrument(level = "debug", skip_all, fields(txn_id = %request.get_ref().transactional_id, result = request.get_ref().result))]
     async fn end_txn(
         &self,
         request: Request<proto::EndTxnRequest>,
@@ -201,7 +201,7 @@ impl TransactionCoordinator for CoordinatorService {
         }))
     }
 
-    #[instrument(skip_all, fields(filters = request.get_ref().state_filters.len()))]
+    #[instrument(level = "debug", skip_all, fields(filters = request.get_ref().state_filters.len()))]
     async fn list_transactions(
         &self,
         request: Request<proto::ListTransactionsRequest>,
@@ -223,7 +223,7 @@ impl TransactionCoordinator for CoordinatorService {
         }))
     }
 
-    #[instrument(skip_all, fields(ids = request.get_ref().transactional_ids.len()))]
+    #[instrument(level = "debug", skip_all, fields(ids = request.get_ref().transactional_ids.len()))]
     async fn describe_transactions(
         &self,
         request: Request<proto::DescribeTransactionsRequest>,
@@ -258,7 +258,7 @@ impl TransactionCoordinator for CoordinatorService {
         }))
     }
 
-    #[instrument(skip_all, fields(txn_id = %request.get_ref().transactional_id, pid = request.get_ref().producer_id))]
+    #[instrument(level = "debug", skip_all, fields(txn_id = %request.get_ref().transactional_id, pid = request.get_ref().producer_id))]
     async fn verify_transaction(
         &self,
         request: Request<proto::VerifyTransactionRequest>,
@@ -287,7 +287,7 @@ impl TransactionCoordinator for CoordinatorService {
         }))
     }
 
-    #[instrument(skip_all, fields(group = %request.get_ref().group_id, result = request.get_ref().result))]
+    #[instrument(level = "debug", skip_all, fields(group = %request.get_ref().group_id, result = request.get_ref().result))]
     async fn write_group_offset_marker(
         &self,
         request: Request<proto::WriteGroupOffsetMarkerRequest>,

@@ -19,6 +19,7 @@ use proto::ErrorCode;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, error, warn};
 
+use super::state::Write;
 use super::{wire, Backoff, Shared};
 use crate::core::{self, GroupMarker, MarkerJob, MarkerReply, PendingOffsets};
 use crate::error::code_of;
@@ -85,7 +86,9 @@ impl Shared {
         self.complete(&job).await;
     }
 
-    /// Every marker is written: persist Complete*, retrying a failing disk until stopped.
+    /// Every marker is written: record Complete* (queued in the group commit, not waited for:
+    /// it only records what is durable already, see `commit`), retrying a refused write until
+    /// stopped.
     async fn complete(self: &Arc<Self>, job: &MarkerJob) {
         let slot = self.slot(&job.transactional_id, false);
         let mut backoff = Backoff::new(self.config.marker_retry_backoff);
@@ -93,7 +96,7 @@ impl Shared {
             let mut stored = slot.meta.lock().await;
             let Some(meta) = stored.as_ref() else { return };
             let outcome = core::complete_markers(meta, job, now_ms());
-            match self.apply(&mut stored, outcome).await {
+            match self.apply_as(&mut stored, outcome, Write::Queued).await {
                 Ok(_) => {
                     // Requests waiting out the Prepare* state (see `state`) run again now.
                     slot.settled.notify_waiters();

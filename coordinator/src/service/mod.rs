@@ -25,6 +25,7 @@
 //!   receives ([`cluster::auth`]), and the topology agreement with its peers; touches no storage.
 //! - `commit`: the group commit writer: `state`'s writes of `__transaction_state` for different
 //!   ids queue there and share one flush; each waiter is released after the flush covering it.
+//!   Complete* is queued without a waiter: the next flush covers it (see `commit` for why).
 //!
 //! Serialisation: one `tokio::sync::Mutex` per transactional id (a map of them behind a std
 //! `Mutex` that is never held across `.await`). Holding the per-id lock across the sled write is

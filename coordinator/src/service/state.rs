@@ -169,6 +169,16 @@ impl Shared {
         stored: &mut Option<TxnMetadata>,
         outcome: Outcome,
     ) -> Result<ProducerIdAndEpoch, Error> {
+        self.apply_as(stored, outcome, Write::Flushed).await
+    }
+
+    /// [`Shared::apply`], with the write made durable as `write` says.
+    pub(super) async fn apply_as(
+        self: &Arc<Self>,
+        stored: &mut Option<TxnMetadata>,
+        outcome: Outcome,
+        write: Write,
+    ) -> Result<ProducerIdAndEpoch, Error> {
         if let Some(mut next) = outcome.persist {
             // The epoch history is stored with the change it records (bounded).
             let cause = bump_cause(stored.as_ref(), &next);
@@ -179,10 +189,15 @@ impl Shared {
                     .unwrap_or_else(|_| "coordinator".to_string());
                 next.record_epoch_change(cause.name(), &requester, now);
             }
-            let started = Instant::now();
-            self.commit.put_txn(next.clone()).await?;
             let metrics = &self.config.metrics;
-            metrics.flushed("coordinator", started.elapsed());
+            match write {
+                Write::Flushed => {
+                    let started = Instant::now();
+                    self.commit.put_txn(next.clone()).await?;
+                    metrics.flushed("coordinator", started.elapsed());
+                }
+                Write::Queued => self.commit.queue_txn(next.clone())?,
+            }
             log_transition(stored.as_ref(), &next, cause);
             observe_transition(metrics, stored.as_ref(), &next, cause, now);
             *stored = Some(next);
@@ -427,6 +442,16 @@ impl Shared {
             Some(outcome) => self.apply(stored, outcome).await.map(drop),
         }
     }
+}
+
+/// How [`Shared::apply_as`] writes a transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Write {
+    /// Durable before `apply_as` returns: every transition a reply depends on.
+    Flushed,
+    /// Queued in the group commit and made durable by the next flush, which nobody waits for:
+    /// Complete* only, which records what is durable already (see `commit`).
+    Queued,
 }
 
 /// What moved the epoch (or the PID) from `old` to `new`, if anything did. Read from the two
