@@ -28,7 +28,10 @@ pub struct ClientConfig {
     /// Kafka's `linger.ms`: how long a batch waits for more records before it closes.
     pub linger: Duration,
     /// Kafka's `batch.size`: a batch closes once it holds this many bytes (records count their
-    /// key, value and a fixed overhead).
+    /// key, value and a fixed overhead). Default 128 KiB, not Kafka's 16 KiB: every Produce
+    /// costs our leader a flush (Kafka's broker does not fsync per request), so a batch of ~16
+    /// records of 1 KiB leaves the leader half idle (`minibroker produce`: 0.44x the leader's
+    /// figure at 16 KiB, 0.80x at 128 KiB, one run).
     pub batch_size: usize,
     /// Kafka's `max.in.flight.requests.per.connection`: Produce requests outstanding per
     /// partition, 1..=5 (the leader remembers the last 5 batches of a PID, which is what makes
@@ -64,7 +67,7 @@ impl ClientConfig {
             retry_backoff_max: Duration::from_millis(500),
             max_retries: 60,
             linger: Duration::from_millis(5),
-            batch_size: 16 * 1024,
+            batch_size: 128 * 1024,
             max_in_flight_requests_per_connection: 5,
             buffer_memory: 32 * 1024 * 1024,
             max_block: Duration::from_secs(60),
