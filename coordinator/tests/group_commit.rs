@@ -5,12 +5,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
 use proto::partition_leader_server::PartitionLeaderServer;
 use proto::{ErrorCode, TxnState};
+use testkit::process::Node;
 
 fn long_wait(config: &mut coordinator::CoordinatorConfig) {
     config.max_prepare_wait = Duration::from_secs(20);
@@ -123,32 +123,15 @@ async fn fencing_init_answers_once_the_abort_completed() {
     assert_eq!(r.producer_epoch, pe.1 + 2);
 }
 
-/// A coordinator child process, killed with SIGKILL when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_coordinator(dir: &std::path::Path, addr: &str, log: &std::path::Path) -> Process {
-    let log = std::fs::File::create(log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_coordinator"))
-        .args(["--node-id", "1", "--listen", addr])
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .arg("--topology")
-        .arg(dir.join("topology.toml"))
-        .env("RUST_LOG", "coordinator=debug")
-        .env("CLUSTER_SECRET", testkit::auth::TEST_SECRET)
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Process(child)
+fn spawn_coordinator(dir: &std::path::Path, addr: &str, log: &std::path::Path) -> Node {
+    Node::spawn(
+        env!("CARGO_BIN_EXE_coordinator"),
+        1,
+        addr,
+        dir,
+        "coordinator",
+        log,
+    )
 }
 
 /// A data directory and topology for a coordinator child process at a free address, with
@@ -191,7 +174,7 @@ async fn sigkill_after_a_group_commit_loses_no_acknowledged_transition() {
     leader.set_ack(false);
     let (dir, addr) = killable_setup(&leader).await;
     let first_log = dir.path().join("first.log");
-    let mut process = spawn_coordinator(dir.path(), &addr, &first_log);
+    let process = spawn_coordinator(dir.path(), &addr, &first_log);
     let client = connect(&addr).await;
 
     // Concurrent transitions of different ids: Init, AddPartitions, and for every other id
@@ -217,9 +200,7 @@ async fn sigkill_after_a_group_commit_loses_no_acknowledged_transition() {
         acknowledged.insert(id, (pe, state, partition));
     }
     // At once: no clean stop, no flush at shutdown.
-    process.0.kill().unwrap();
-    process.0.wait().unwrap();
-    drop(process);
+    process.kill();
     let sizes = testkit::logs::numbers(&first_log, "group commit flushed", "writes");
     assert!(
         sizes.iter().any(|&n| n > 1),
@@ -247,7 +228,7 @@ async fn sigkill_right_after_complete_keeps_every_commit() {
     const IDS: usize = 16;
     let leader = FakeLeader::default();
     let (dir, addr) = killable_setup(&leader).await;
-    let mut process = spawn_coordinator(dir.path(), &addr, &dir.path().join("first.log"));
+    let process = spawn_coordinator(dir.path(), &addr, &dir.path().join("first.log"));
     let client = connect(&addr).await;
     let mut tasks = Vec::new();
     for i in 0..IDS {
@@ -265,9 +246,7 @@ async fn sigkill_right_after_complete_keeps_every_commit() {
         committed.push(task.await.unwrap());
     }
     // At once, while the last Complete* writes may not be flushed yet.
-    process.0.kill().unwrap();
-    process.0.wait().unwrap();
-    drop(process);
+    process.kill();
     let markers_before = leader.markers().len();
     assert!(markers_before >= IDS);
 

@@ -775,50 +775,138 @@ async fn transactions_and_producers_are_described_over_the_kafka_protocol() {
     cluster.shutdown().await.unwrap();
 }
 
+/// A Kafka-protocol transactional producer (transaction version 1, as a Kafka client) that
+/// commits offsets of `group` for input-0, speaking to the coordinators directly.
+struct OffsetTxn {
+    txn: &'static str,
+    group: &'static str,
+    txn_coordinator: std::net::SocketAddr,
+    group_coordinator: std::net::SocketAddr,
+    producer: (i64, i16),
+}
+
+fn str_bytes(v: &str) -> kafka_protocol::protocol::StrBytes {
+    kafka_wire::str_bytes(v)
+}
+
+impl OffsetTxn {
+    /// InitProducerId for `txn`.
+    async fn init(
+        cluster: &minibroker::EmbeddedCluster,
+        txn: &'static str,
+        group: &'static str,
+    ) -> Self {
+        use kafka_protocol::messages::*;
+        let txn_coordinator = cluster.kafka_address(cluster.coordinator_for(txn)).unwrap();
+        let group_coordinator = cluster
+            .kafka_address(cluster.coordinator_for(group))
+            .unwrap();
+        let mut init = InitProducerIdRequest::default();
+        init.transactional_id = Some(TransactionalId(str_bytes(txn)));
+        init.transaction_timeout_ms = 60_000;
+        let ResponseKind::InitProducerId(init) = kafka_call(
+            txn_coordinator,
+            ApiKey::InitProducerId,
+            4,
+            RequestKind::InitProducerId(init),
+        )
+        .await
+        else {
+            panic!("InitProducerId response")
+        };
+        assert_eq!(init.error_code, 0);
+        Self {
+            txn,
+            group,
+            txn_coordinator,
+            group_coordinator,
+            producer: (init.producer_id.0, init.producer_epoch),
+        }
+    }
+
+    /// AddOffsetsToTxn for the group.
+    async fn add_offsets(&self) {
+        use kafka_protocol::messages::*;
+        let mut add = AddOffsetsToTxnRequest::default();
+        add.transactional_id = TransactionalId(str_bytes(self.txn));
+        add.producer_id = ProducerId(self.producer.0);
+        add.producer_epoch = self.producer.1;
+        add.group_id = GroupId(str_bytes(self.group));
+        let ResponseKind::AddOffsetsToTxn(added) = kafka_call(
+            self.txn_coordinator,
+            ApiKey::AddOffsetsToTxn,
+            3,
+            RequestKind::AddOffsetsToTxn(add),
+        )
+        .await
+        else {
+            panic!("AddOffsetsToTxn response")
+        };
+        assert_eq!(added.error_code, 0);
+    }
+
+    /// TxnOffsetCommit of `offset` for input-0 as `member` of `generation` (`-1` and an empty
+    /// member: a group without members); the partition's error code.
+    async fn commit_offset(&self, member: &str, generation: i32, offset: i64) -> i16 {
+        use kafka_protocol::messages::*;
+        let mut c = TxnOffsetCommitRequest::default();
+        c.transactional_id = TransactionalId(str_bytes(self.txn));
+        c.group_id = GroupId(str_bytes(self.group));
+        c.producer_id = ProducerId(self.producer.0);
+        c.producer_epoch = self.producer.1;
+        c.generation_id = generation;
+        c.member_id = str_bytes(member);
+        let mut t = txn_offset_commit_request::TxnOffsetCommitRequestTopic::default();
+        t.name = TopicName(str_bytes("input"));
+        let mut p = txn_offset_commit_request::TxnOffsetCommitRequestPartition::default();
+        p.partition_index = 0;
+        p.committed_offset = offset;
+        t.partitions = vec![p];
+        c.topics = vec![t];
+        let ResponseKind::TxnOffsetCommit(r) = kafka_call(
+            self.group_coordinator,
+            ApiKey::TxnOffsetCommit,
+            3,
+            RequestKind::TxnOffsetCommit(c),
+        )
+        .await
+        else {
+            panic!("TxnOffsetCommit response")
+        };
+        r.topics[0].partitions[0].error_code
+    }
+
+    /// EndTxn, expected to succeed.
+    async fn end(&self, commit: bool) {
+        use kafka_protocol::messages::*;
+        let mut end = EndTxnRequest::default();
+        end.transactional_id = TransactionalId(str_bytes(self.txn));
+        end.producer_id = ProducerId(self.producer.0);
+        end.producer_epoch = self.producer.1;
+        end.committed = commit;
+        let ResponseKind::EndTxn(ended) = kafka_call(
+            self.txn_coordinator,
+            ApiKey::EndTxn,
+            3,
+            RequestKind::EndTxn(end),
+        )
+        .await
+        else {
+            panic!("EndTxn response")
+        };
+        assert_eq!(ended.error_code, 0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
     use kafka_protocol::messages::*;
     let cluster = cluster().await;
     let (txn, group) = ("kip447-txn", "kip447-group");
-    let txn_coordinator = cluster.kafka_address(cluster.coordinator_for(txn)).unwrap();
-    let group_coordinator = cluster
-        .kafka_address(cluster.coordinator_for(group))
-        .unwrap();
-    fn s(v: &str) -> kafka_protocol::protocol::StrBytes {
-        kafka_wire::str_bytes(v)
-    }
-
-    // A transactional producer (transaction version 1, as a Kafka client) adds the group.
-    let mut init = InitProducerIdRequest::default();
-    init.transactional_id = Some(TransactionalId(s(txn)));
-    init.transaction_timeout_ms = 60_000;
-    let ResponseKind::InitProducerId(init) = kafka_call(
-        txn_coordinator,
-        ApiKey::InitProducerId,
-        4,
-        RequestKind::InitProducerId(init),
-    )
-    .await
-    else {
-        panic!("InitProducerId response")
-    };
-    assert_eq!(init.error_code, 0);
-    let mut add = AddOffsetsToTxnRequest::default();
-    add.transactional_id = TransactionalId(s(txn));
-    add.producer_id = init.producer_id;
-    add.producer_epoch = init.producer_epoch;
-    add.group_id = GroupId(s(group));
-    let ResponseKind::AddOffsetsToTxn(added) = kafka_call(
-        txn_coordinator,
-        ApiKey::AddOffsetsToTxn,
-        3,
-        RequestKind::AddOffsetsToTxn(add),
-    )
-    .await
-    else {
-        panic!("AddOffsetsToTxn response")
-    };
-    assert_eq!(added.error_code, 0);
+    let t = OffsetTxn::init(&cluster, txn, group).await;
+    let group_coordinator = t.group_coordinator;
+    let s = str_bytes;
+    t.add_offsets().await;
 
     // A member joins (v5: MEMBER_ID_REQUIRED first) and syncs: generation 1.
     let join = |member: &str| {
@@ -848,30 +936,8 @@ async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
     assert_eq!((joined.error_code, joined.generation_id), (0, 1));
     assert_eq!(joined.leader.as_str(), member);
 
-    let commit = |generation: i32, offset: i64| {
-        let mut c = TxnOffsetCommitRequest::default();
-        c.transactional_id = TransactionalId(s(txn));
-        c.group_id = GroupId(s(group));
-        c.producer_id = init.producer_id;
-        c.producer_epoch = init.producer_epoch;
-        c.generation_id = generation;
-        c.member_id = s(member.as_str());
-        let mut t = txn_offset_commit_request::TxnOffsetCommitRequestTopic::default();
-        t.name = TopicName(s("input"));
-        let mut p = txn_offset_commit_request::TxnOffsetCommitRequestPartition::default();
-        p.partition_index = 0;
-        p.committed_offset = offset;
-        t.partitions = vec![p];
-        c.topics = vec![t];
-        RequestKind::TxnOffsetCommit(c)
-    };
-    let code = |r: ResponseKind| match r {
-        ResponseKind::TxnOffsetCommit(r) => r.topics[0].partitions[0].error_code,
-        other => panic!("unexpected {other:?}"),
-    };
     // The current generation commits (at the group's coordinator, forwarded if need be).
-    let r = kafka_call(group_coordinator, ApiKey::TxnOffsetCommit, 3, commit(1, 5)).await;
-    assert_eq!(code(r), 0);
+    assert_eq!(t.commit_offset(&member, 1, 5).await, 0);
     // The member rejoins: generation 2. A commit still carrying generation 1 is a zombie's.
     let ResponseKind::JoinGroup(rejoined) =
         kafka_call(group_coordinator, ApiKey::JoinGroup, 5, join(&member)).await
@@ -879,23 +945,15 @@ async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
         panic!("JoinGroup response")
     };
     assert_eq!(rejoined.generation_id, 2);
-    let r = kafka_call(group_coordinator, ApiKey::TxnOffsetCommit, 3, commit(1, 9)).await;
-    assert_eq!(code(r), 22, "ILLEGAL_GENERATION");
-    let r = kafka_call(group_coordinator, ApiKey::TxnOffsetCommit, 3, commit(2, 7)).await;
-    assert_eq!(code(r), 0);
+    assert_eq!(
+        t.commit_offset(&member, 1, 9).await,
+        22,
+        "ILLEGAL_GENERATION"
+    );
+    assert_eq!(t.commit_offset(&member, 2, 7).await, 0);
 
     // Commit: the group's offset is the generation-2 one, never the zombie's.
-    let mut end = EndTxnRequest::default();
-    end.transactional_id = TransactionalId(s(txn));
-    end.producer_id = init.producer_id;
-    end.producer_epoch = init.producer_epoch;
-    end.committed = true;
-    let ResponseKind::EndTxn(ended) =
-        kafka_call(txn_coordinator, ApiKey::EndTxn, 3, RequestKind::EndTxn(end)).await
-    else {
-        panic!("EndTxn response")
-    };
-    assert_eq!(ended.error_code, 0);
+    t.end(true).await;
     let mut consumer =
         producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -922,84 +980,21 @@ async fn a_stable_offset_fetch_waits_for_the_pending_transactional_offsets() {
     use kafka_protocol::messages::*;
     let cluster = cluster().await;
     let (txn, group) = ("kip447-stable-txn", "kip447-stable-group");
-    let txn_coordinator = cluster.kafka_address(cluster.coordinator_for(txn)).unwrap();
-    let group_coordinator = cluster
-        .kafka_address(cluster.coordinator_for(group))
-        .unwrap();
-    fn s(v: &str) -> kafka_protocol::protocol::StrBytes {
-        kafka_wire::str_bytes(v)
-    }
-    let mut init = InitProducerIdRequest::default();
-    init.transactional_id = Some(TransactionalId(s(txn)));
-    init.transaction_timeout_ms = 60_000;
-    let ResponseKind::InitProducerId(init) = kafka_call(
-        txn_coordinator,
-        ApiKey::InitProducerId,
-        4,
-        RequestKind::InitProducerId(init),
-    )
-    .await
-    else {
-        panic!("InitProducerId response")
+    let t = OffsetTxn::init(&cluster, txn, group).await;
+    let group_coordinator = t.group_coordinator;
+    let s = str_bytes;
+    // One transaction that commits offset `offset` for input-0 (no member id and no
+    // generation: a group without members accepts it).
+    let transaction = |offset: i64| {
+        let t = &t;
+        async move {
+            t.add_offsets().await;
+            assert_eq!(t.commit_offset("", -1, offset).await, 0);
+        }
     };
-    assert_eq!(init.error_code, 0);
-
-    // One transaction that commits offset `offset` for input-0 and ends with `commit`.
-    let transaction = |offset: i64| async move {
-        let mut add = AddOffsetsToTxnRequest::default();
-        add.transactional_id = TransactionalId(s(txn));
-        add.producer_id = init.producer_id;
-        add.producer_epoch = init.producer_epoch;
-        add.group_id = GroupId(s(group));
-        let ResponseKind::AddOffsetsToTxn(added) = kafka_call(
-            txn_coordinator,
-            ApiKey::AddOffsetsToTxn,
-            3,
-            RequestKind::AddOffsetsToTxn(add),
-        )
-        .await
-        else {
-            panic!("AddOffsetsToTxn response")
-        };
-        assert_eq!(added.error_code, 0);
-        // No member id and no generation: a group without members accepts it.
-        let mut c = TxnOffsetCommitRequest::default();
-        c.transactional_id = TransactionalId(s(txn));
-        c.group_id = GroupId(s(group));
-        c.producer_id = init.producer_id;
-        c.producer_epoch = init.producer_epoch;
-        c.generation_id = -1;
-        let mut t = txn_offset_commit_request::TxnOffsetCommitRequestTopic::default();
-        t.name = TopicName(s("input"));
-        let mut p = txn_offset_commit_request::TxnOffsetCommitRequestPartition::default();
-        p.partition_index = 0;
-        p.committed_offset = offset;
-        t.partitions = vec![p];
-        c.topics = vec![t];
-        let ResponseKind::TxnOffsetCommit(r) = kafka_call(
-            group_coordinator,
-            ApiKey::TxnOffsetCommit,
-            3,
-            RequestKind::TxnOffsetCommit(c),
-        )
-        .await
-        else {
-            panic!("TxnOffsetCommit response")
-        };
-        assert_eq!(r.topics[0].partitions[0].error_code, 0);
-    };
-    let end = |commit: bool| async move {
-        let mut end = EndTxnRequest::default();
-        end.transactional_id = TransactionalId(s(txn));
-        end.producer_id = init.producer_id;
-        end.producer_epoch = init.producer_epoch;
-        end.committed = commit;
-        let ResponseKind::EndTxn(ended) =
-            kafka_call(txn_coordinator, ApiKey::EndTxn, 3, RequestKind::EndTxn(end)).await
-        else {
-            panic!("EndTxn response")
-        };
-        assert_eq!(ended.error_code, 0);
+    let end = |commit: bool| {
+        let t = &t;
+        async move { t.end(commit).await }
     };
     // (error code, offset) of input-0, as OffsetFetch v7 answers it.
     let fetch = |require_stable: bool| async move {

@@ -13,7 +13,7 @@
 //!
 //! Every phase sends as fast as `send` returns, then flushes; its rate counts acknowledged
 //! records over the whole phase including the flush. **idempotent** and **transactional-100ms**
-//! alternate in [`OVERHEAD_ROUNDS`] slices (the disk's speed drifts over seconds; the overhead
+//! alternate in `OVERHEAD_ROUNDS` (4) slices (the disk's speed drifts over seconds; the overhead
 //! is their ratio). At saturation `buffer.memory` is full, so a commit waits for what is
 //! buffered (Kafka's producer does the same): the commit p50 is long, the throughput is what
 //! counts.

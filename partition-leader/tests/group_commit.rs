@@ -4,39 +4,22 @@
 //! restart.
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
 
 use proto::partition_leader_client::PartitionLeaderClient;
 use proto::{ErrorCode, ProduceRequest};
+use testkit::process::Node;
 use testkit::requests::{self, code, values};
 use tonic::transport::Channel;
 
-/// A leader child process, killed with SIGKILL when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_leader(dir: &std::path::Path, addr: &str, log: &std::path::Path) -> Process {
-    let log = std::fs::File::create(log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_partition-leader"))
-        .args(["--node-id", "101", "--listen", addr])
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .arg("--topology")
-        .arg(dir.join("topology.toml"))
-        .env("RUST_LOG", "partition_leader=debug")
-        .env("CLUSTER_SECRET", testkit::auth::TEST_SECRET)
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Process(child)
+fn spawn_leader(dir: &std::path::Path, addr: &str, log: &std::path::Path) -> Node {
+    Node::spawn(
+        env!("CARGO_BIN_EXE_partition-leader"),
+        101,
+        addr,
+        dir,
+        "partition_leader",
+        log,
+    )
 }
 
 async fn connect(addr: &str) -> PartitionLeaderClient<Channel> {
@@ -77,7 +60,7 @@ async fn sigkill_after_group_commits_loses_no_acknowledged_record() {
     )
     .unwrap();
     let first_log = dir.path().join("first.log");
-    let mut process = spawn_leader(dir.path(), &addr, &first_log);
+    let process = spawn_leader(dir.path(), &addr, &first_log);
     let client = connect(&addr).await;
 
     // Idempotent producers, all at once, each on partition pid % 3; every reply acknowledges
@@ -122,9 +105,7 @@ async fn sigkill_after_group_commits_loses_no_acknowledged_record() {
         acknowledged.extend(task.await.unwrap());
     }
     // At once: no clean stop, no flush at shutdown.
-    process.0.kill().unwrap();
-    process.0.wait().unwrap();
-    drop(process);
+    process.kill();
     let writes = testkit::logs::numbers(&first_log, "group commit flushed", "writes");
     assert!(
         writes.iter().any(|&n| n > 1),

@@ -9,6 +9,7 @@
 //! - [`logs`]: the numbers a node's text log reports (`group commit flushed writes=8`).
 //! - [`poll`]: [`eventually`], the one polling helper: wait on a condition with a deadline,
 //!   never a bare sleep ([`poll::wait_until`] is its front for a `bool` condition).
+//! - [`process`]: a node binary as a child process that a test can SIGKILL.
 //! - [`requests`]: protocol messages built once (EndTxn, Fetch, WriteTxnMarkers, a batch) and
 //!   the values of a fetch reply.
 //! - [`standard`]: clients of the standard gRPC services every node serves (health and
@@ -27,6 +28,7 @@ pub mod fakes;
 pub mod golden;
 pub mod logs;
 pub mod poll;
+pub mod process;
 pub mod requests;
 pub mod standard;
 
