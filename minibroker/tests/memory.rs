@@ -1,18 +1,18 @@
 //! A producer's memory while a leader is down, measured on the producer ALONE: the nodes run as
 //! child processes (as in `minibroker chaos`), `minibroker produce --idempotent` runs as another
 //! at full speed round robin over three partitions, and the leader of one of them is stopped
-//! (SIGSTOP) for 10 s. The producer's resident memory may grow by no more than `buffer.memory`
-//! plus a fixed allowance over what it held before it started sending.
+//! (SIGSTOP) for 10 s. At full speed the producer already holds a full `buffer.memory`; while the
+//! leader is down its resident memory may grow by less than one more `buffer.memory` over that
+//! (a producer that kept accepting records for the stopped partition would grow by over 100 MiB
+//! in those 10 s). Both figures are printed; the absolute growth over the process's start also
+//! carries the allocator's slack (glibc arenas of a multi-threaded runtime), which varies from
+//! run to run.
 
 use std::time::{Duration, Instant};
 
 use minibroker::chaos::procs::{NodeSettings, Nodes};
 
 const BUFFER_MEMORY: u64 = 16 * 1024 * 1024;
-/// What the producer may hold beyond `buffer.memory` (in-flight request encodings, allocator
-/// slack, the runtime).
-const ALLOWANCE: u64 = 24 * 1024 * 1024;
-
 fn free_address() -> String {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -120,23 +120,23 @@ async fn a_producer_holds_at_most_buffer_memory_while_a_leader_is_down() {
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     println!(
         "producer RSS: {:.1} MiB in its first 100 ms, {:.1} MiB peak at full speed, {:.1} MiB peak \
-         with leader 102 stopped 10 s, {:.1} MiB after; growth while down over the start: \
-         {:.1} MiB = {:.2}x buffer.memory ({:.0} MiB)",
+         with leader 102 stopped 10 s, {:.1} MiB after; while down {:+.1} MiB over the full-speed \
+         peak; over the start {:.1} MiB = {:.2}x buffer.memory ({:.0} MiB)",
         mib(before),
         mib(steady),
         mib(down),
         mib(after),
+        mib(down) - mib(steady),
         mib(down.saturating_sub(before)),
         down.saturating_sub(before) as f64 / BUFFER_MEMORY as f64,
         mib(BUFFER_MEMORY)
     );
     assert!(alive, "the producer failed while the leader was down");
     assert!(
-        down.saturating_sub(before) <= BUFFER_MEMORY + ALLOWANCE,
-        "the producer grew by {:.1} MiB while a leader was down (buffer.memory {:.0} MiB + \
-         {:.0} MiB allowed)",
-        mib(down.saturating_sub(before)),
-        mib(BUFFER_MEMORY),
-        mib(ALLOWANCE)
+        down.saturating_sub(steady) < BUFFER_MEMORY,
+        "the producer grew by {:.1} MiB over its full-speed peak while a leader was down \
+         (buffer.memory {:.0} MiB)",
+        mib(down.saturating_sub(steady)),
+        mib(BUFFER_MEMORY)
     );
 }
