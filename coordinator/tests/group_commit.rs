@@ -147,12 +147,7 @@ async fn killable_setup(leader: &FakeLeader) -> (tempfile::TempDir, String) {
                 leader_listener,
             )),
     );
-    // A free port for the child (released here, bound again by the child).
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let addr = testkit::process::free_address();
     std::fs::write(
         dir.path().join("topology.toml"),
         format!(

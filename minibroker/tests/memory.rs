@@ -11,16 +11,9 @@
 use std::time::{Duration, Instant};
 
 use minibroker::chaos::procs::{NodeSettings, Nodes};
+use testkit::process::free_address;
 
 const BUFFER_MEMORY: u64 = 16 * 1024 * 1024;
-fn free_address() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string()
-}
-
 /// VmRSS of `pid` in bytes (0 once it is gone).
 fn rss(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -44,11 +44,7 @@ async fn sigkill_after_group_commits_loses_no_acknowledged_record() {
     const BATCHES: i32 = 25;
     const RECORDS: i32 = 4;
     let dir = tempfile::tempdir().unwrap();
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let addr = testkit::process::free_address();
     std::fs::write(
         dir.path().join("topology.toml"),
         format!(

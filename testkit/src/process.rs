@@ -3,6 +3,15 @@
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+/// A free loopback address for a child process to bind (released here, bound again by the child).
+pub fn free_address() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string()
+}
+
 /// A node child process, killed with SIGKILL when dropped.
 pub struct Node(pub Child);
 
