@@ -5,12 +5,17 @@
 //! request in flight (as an idempotent producer with max-in-flight 1), so each request pays one
 //! flush. Rows:
 //! - `bare sled`: a `sled::Batch` of the records under big-endian offset keys + `flush`;
+//! - `bare sled, one value`: the same bytes as ONE sled value per batch + `flush` (how the
+//!   engine lays a batch out since it stores runs of records, see `storage::RUN_BYTES`): the
+//!   tighter baseline, printed beside the issue's;
 //! - `sled engine write`: the leader's storage engine alone (`SledStorage::write`: records,
 //!   producer state and high watermark in one multi-tree sled transaction, then `flush`);
 //! - `in-process`: `LeaderService::produce` called directly over the sled engine (the core
 //!   checks, the multi-tree transaction with producer state, the flush), no network;
 //! - `gRPC`: the same over loopback gRPC against `partition_leader::serve`, with the real
 //!   coordinator for transactional verification (once per transaction per partition);
+//! - `gRPC transport (rejected)`: the same requests to a partition the leader does not have,
+//!   answered with an error before any check or storage: what gRPC alone costs (context);
 //! - `gRPC 8 producers`: eight idempotent producers at once (one connection and one request in
 //!   flight each) on the topic's three partitions, batches of 100: what the leader's group
 //!   commit (many writes, one flush) makes of concurrent load. Its ratio is to the SAME
@@ -21,7 +26,8 @@
 //!
 //! fsync latency on a shared disk drifts a lot over seconds, so the rows are not run one after
 //! the other: every row runs in [`ROUNDS`] short slices, round-robin, and its rate is its total
-//! records over its total time. Environment: `BENCH_SECS` (per row, default 3).
+//! records over its total time. Environment: `BENCH_SECS` (per row, default 3); `BENCH_ONLY`
+//! (run only the rows whose name contains it, plus the baselines; e.g. for `perf record`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -125,12 +131,23 @@ enum Target {
         tree: sled::Tree,
         offset: i64,
     },
+    /// The same bytes as one value per batch.
+    BareSledRun {
+        db: sled::Db,
+        tree: sled::Tree,
+        offset: i64,
+    },
     /// The storage engine alone: `SledStorage::write` (multi-tree transaction + flush).
     Engine(Arc<SledStorage>, i64),
     InProcess(LeaderService, Producer),
     Grpc(PartitionLeaderClient<Channel>, Producer),
+    /// The same requests to an unknown partition: rejected before any check or storage, so
+    /// this is the gRPC transport's own cost (encode, HTTP/2, decode, answer).
+    GrpcRejected(PartitionLeaderClient<Channel>, Producer),
     /// Several producers at once, each with its own connection.
     GrpcMany(Vec<(PartitionLeaderClient<Channel>, Producer)>),
+    /// Several producers at once, in-process (no network).
+    InProcessMany(Vec<(LeaderService, Producer)>),
 }
 
 struct Row {
@@ -167,6 +184,14 @@ impl Row {
                         tree.apply_batch(b).unwrap();
                         db.flush().unwrap();
                     });
+                }
+                Target::BareSledRun { db, tree, offset } => {
+                    let value = vec![b'x'; (RECORD + 40) * batch];
+                    tokio::task::block_in_place(|| {
+                        tree.insert(offset.to_be_bytes(), value).unwrap();
+                        db.flush().unwrap();
+                    });
+                    *offset += batch as i64;
                 }
                 Target::Engine(storage, offset) => {
                     let entries = (0..batch)
@@ -207,11 +232,50 @@ impl Row {
                 }
                 Target::InProcess(service, producer) => {
                     let request = tonic::Request::new(producer.next(batch));
-                    check(&service.produce(request).await.unwrap().into_inner());
+                    if std::env::var("SPAWNED").is_ok() {
+                        let s = service.clone();
+                        check(
+                            &tokio::spawn(async move { s.produce(request).await })
+                                .await
+                                .unwrap()
+                                .unwrap()
+                                .into_inner(),
+                        );
+                    } else {
+                        check(&service.produce(request).await.unwrap().into_inner());
+                    }
                 }
                 Target::Grpc(client, producer) => {
                     let request = producer.next(batch);
                     check(&client.produce(request).await.unwrap().into_inner());
+                }
+                Target::GrpcRejected(client, producer) => {
+                    let mut request = producer.next(batch);
+                    request.topic = "no-such-topic".into();
+                    let r = client.produce(request).await.unwrap().into_inner();
+                    assert_ne!(r.error_code, 0);
+                }
+                Target::InProcessMany(producers) => {
+                    let tasks: Vec<_> = producers
+                        .drain(..)
+                        .map(|(service, mut producer)| {
+                            tokio::spawn(async move {
+                                let mut sent = 0u64;
+                                while start.elapsed() < slice {
+                                    let request = tonic::Request::new(producer.next(batch));
+                                    check(&service.produce(request).await.unwrap().into_inner());
+                                    sent += batch as u64;
+                                }
+                                (service, producer, sent)
+                            })
+                        })
+                        .collect();
+                    for task in tasks {
+                        let (service, producer, sent) = task.await.unwrap();
+                        producers.push((service, producer));
+                        n += sent;
+                    }
+                    continue;
                 }
                 Target::GrpcMany(producers) => {
                     let tasks: Vec<_> = producers
@@ -352,6 +416,14 @@ async fn main() {
                 offset: 0,
             },
         ));
+        rows.push(row(
+            "bare sled, one value",
+            Target::BareSledRun {
+                db: db.clone(),
+                tree: db.open_tree(format!("runs/{batch}/bench")).unwrap(),
+                offset: 0,
+            },
+        ));
         rows.push(row("sled engine write", Target::Engine(engine.clone(), 0)));
         let idempotent = |pid| Producer {
             partition: 0,
@@ -376,6 +448,10 @@ async fn main() {
         ));
         let txn = transactional_producer(&mut tc, &format!("grpc-{batch}")).await;
         rows.push(row("gRPC transactional", Target::Grpc(client.clone(), txn)));
+        rows.push(row(
+            "gRPC transport (rejected)",
+            Target::GrpcRejected(client.clone(), idempotent(5000 + b)),
+        ));
         if batch == 100 {
             let many = (0..8)
                 .map(|i| {
@@ -385,7 +461,19 @@ async fn main() {
                 })
                 .collect();
             rows.push(row("gRPC 8 producers", Target::GrpcMany(many)));
+            let many = (0..8)
+                .map(|i| {
+                    let mut producer = idempotent(6000 + i);
+                    producer.partition = (i % 3) as i32;
+                    (in_process.clone(), producer)
+                })
+                .collect();
+            rows.push(row("in-process 8 producers", Target::InProcessMany(many)));
         }
+    }
+    // `BENCH_ONLY=<text>`: only the rows whose name contains it (and the bare baselines).
+    if let Ok(only) = std::env::var("BENCH_ONLY") {
+        rows.retain(|r| r.name.contains(&only) || r.name.starts_with("bare sled"));
     }
     // Warm-up (connections, verification, tree creation), not counted.
     for row in &mut rows {
@@ -425,14 +513,18 @@ async fn main() {
             .map_or(0.0, Row::records_per_sec)
     };
     let bare = rate("bare sled append+flush");
-    println!("\ntargets (issue 10), batches of 100, ratios to bare sled append+flush:");
+    let run = rate("bare sled, one value");
+    println!("\ntargets (issue 10), batches of 100, ratios to bare sled append+flush (and to the");
+    println!("same bytes as one sled value per batch, the tighter baseline):");
     println!(
-        "  gRPC idempotent, one request in flight:       {:.2}x (target >= 0.9x)",
-        rate("gRPC idempotent") / bare
+        "  gRPC idempotent, one request in flight:       {:.2}x (target >= 0.9x); {:.2}x one value",
+        rate("gRPC idempotent") / bare,
+        rate("gRPC idempotent") / run
     );
     println!(
-        "  gRPC 8 producers, 3 partitions (group commit): {:.2}x (target >= 2x)",
-        rate("gRPC 8 producers") / bare
+        "  gRPC 8 producers, 3 partitions (group commit): {:.2}x (target >= 2x); {:.2}x one value",
+        rate("gRPC 8 producers") / bare,
+        rate("gRPC 8 producers") / run
     );
     drop(rows);
     drop(client);
