@@ -8,10 +8,11 @@
 //! - `bare sled, one value`: the same bytes as ONE sled value per batch + `flush` (how the
 //!   engine lays a batch out since it stores runs of records, see `storage::RUN_BYTES`): the
 //!   tighter baseline, printed beside the issue's;
-//! - `sled engine write`: the leader's storage engine alone (`SledStorage::write`: records,
-//!   producer state and high watermark in one multi-tree sled transaction, then `flush`);
-//! - `in-process`: `LeaderService::produce` called directly over the sled engine (the core
-//!   checks, the multi-tree transaction with producer state, the flush), no network;
+//! - `engine write (log file)`: the leader's storage engine alone (`SledStorage::write`: one
+//!   frame appended to the partition's log file, fdatasync, the sled checkpoint of the index,
+//!   producer state and high watermark);
+//! - `in-process`: `LeaderService::produce` called directly over that engine (the core checks,
+//!   the append, the group flush), no network;
 //! - `gRPC`: the same over loopback gRPC against `partition_leader::serve`, with the real
 //!   coordinator for transactional verification (once per transaction per partition);
 //! - `gRPC transport (rejected)`: the same requests to a partition the leader does not have,
@@ -137,7 +138,7 @@ enum Target {
         tree: sled::Tree,
         offset: i64,
     },
-    /// The storage engine alone: `SledStorage::write` (multi-tree transaction + flush).
+    /// The storage engine alone: `SledStorage::write` (log file append, fdatasync, checkpoint).
     Engine(Arc<SledStorage>, i64),
     InProcess(LeaderService, Producer),
     Grpc(PartitionLeaderClient<Channel>, Producer),
@@ -424,7 +425,10 @@ async fn main() {
                 offset: 0,
             },
         ));
-        rows.push(row("sled engine write", Target::Engine(engine.clone(), 0)));
+        rows.push(row(
+            "engine write (log file)",
+            Target::Engine(engine.clone(), 0),
+        ));
         let idempotent = |pid| Producer {
             partition: 0,
             pid,
