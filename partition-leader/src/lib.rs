@@ -12,7 +12,9 @@
 //!     by a rule shared with the coordinator), then the plan. Reads state.
 //!   - `core/fetch.rs`: [`core::PartitionState::fetch_view`]. Reads state.
 //!   - `core/mod.rs`: the types, `restore`, and `apply`, the only writer of the state.
-//! - [`storage`]: the [`storage::Storage`] trait with a sled engine and an in-memory engine.
+//! - [`storage`]: the [`storage::Storage`] trait with a disk engine (partition log files and a
+//!   sled checkpoint, `storage/engine.rs`; the frame format in `storage/frame.rs`) and an
+//!   in-memory engine.
 //! - [`verify`]: asking the owning coordinator before a batch opens a transaction here.
 //! - [`service`]: the tonic shell ([`service::LeaderService`]), [`LeaderConfig`] and [`serve`].
 //!   - `service/mod.rs`: configuration, partition lookup and routing errors, `persist` (the one
