@@ -435,7 +435,7 @@ read -r _ kill_epoch _ <<<"$view"
 say "      B's transaction at epoch $kill_epoch is open; leader-1 holds producer $pid at ${before:-?}"
 crash_and_wait leader-1 "B's transaction at epoch $kill_epoch is open"
 after="$(leader_state 0 || true)"
-say "      leader-1 after the restart (state reloaded from its sled log): producer $pid at ${after:-?}"
+say "      leader-1 after the restart (state reloaded from its log file and checkpoint): producer $pid at ${after:-?}"
 check "leader-1 kept producer $pid's state across the crash" test -n "$after"
 view="$(wait_txn 60 "epoch >= $kill_epoch + 3")" \
   || die "B did not carry on after the leader restart (coordinator: $view)"

@@ -21,7 +21,7 @@ struct Args {
     /// Address to listen on, e.g. 0.0.0.0:9201.
     #[arg(long = "listen", env = "LISTEN_ADDR")]
     listen: SocketAddr,
-    /// Directory of the sled database.
+    /// Data directory (the partition log files in `logs/`, the sled checkpoint beside them).
     #[arg(long, env = "DATA_DIR")]
     data_dir: PathBuf,
     /// Topology TOML file.
