@@ -28,8 +28,10 @@
 //! past its last one (and at a clean close), not at every flush: a lone small write then costs
 //! one fdatasync and nothing else.
 //!
-//! A failed fdatasync poisons the engine: every later flush fails until restart (after a failed
-//! fsync the kernel may have dropped the dirty pages and a retry would report success).
+//! A failed fdatasync poisons the engine: every later append, load and flush fails until restart
+//! (after a failed fsync the kernel may have dropped the dirty pages and a retry would report
+//! success). The service then takes the partition offline at its next write (its reload fails),
+//! and the health check turns NOT_SERVING, as Kafka takes a failed log directory offline.
 //!
 //! CAVEATS: one file per partition, no segments, retention or index files (the index lives in
 //! memory and in sled); a read takes the whole frame holding the offset asked for.
@@ -204,6 +206,21 @@ impl SledStorage {
             flushing: Mutex::new(()),
             poisoned: AtomicBool::new(false),
         })
+    }
+
+    /// Refuses to go on after a failed fdatasync (see the module docs).
+    fn check_poisoned(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::Storage(
+                "an earlier fdatasync failed; restart the leader".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub(super) fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
     }
 
     pub(super) fn trees(&self, tp: &TopicPartition) -> Result<Trees> {
@@ -427,6 +444,7 @@ impl Drop for SledStorage {
 
 impl Storage for SledStorage {
     fn load(&self, tp: &TopicPartition) -> Result<LoadedPartition> {
+        self.check_poisoned()?;
         let log = self.log(tp)?;
         let log = lock(&log);
         Ok(LoadedPartition {
@@ -441,6 +459,7 @@ impl Storage for SledStorage {
     }
 
     fn append(&self, tp: &TopicPartition, w: &Write) -> Result<()> {
+        self.check_poisoned()?;
         let log = self.log(tp)?;
         let mut log = lock(&log);
         if w.base_offset != log.high_watermark
@@ -544,11 +563,7 @@ impl Storage for SledStorage {
 
     fn flush(&self) -> Result<()> {
         let _one_at_a_time = lock(&self.flushing);
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(Error::Storage(
-                "an earlier fdatasync failed; restart the leader".into(),
-            ));
-        }
+        self.check_poisoned()?;
         let logs: Vec<_> = lock(&self.logs)
             .iter()
             .map(|(tp, log)| (tp.clone(), log.clone()))
