@@ -49,7 +49,8 @@ use sled::Transactional;
 
 use super::frame::{self, Replayed};
 use super::{
-    decode_run, from_json, json, offset_from_key, run_len, LoadedPartition, Storage, Write,
+    decode_run, from_json, json, offset_from_key, run_len, visit_run, LoadedPartition, Storage,
+    Write,
 };
 use crate::core::{AbortedTxn, LogEntry, ProducerState};
 use crate::error::{Error, Result};
@@ -408,15 +409,8 @@ impl SledStorage {
         };
         for kv in trees.records.range(start.to_be_bytes()..to.to_be_bytes()) {
             let (k, v) = kv?;
-            let base = offset_from_key(&k)?;
-            for (i, entry) in decode_run(&v)?.into_iter().enumerate() {
-                let offset = base + i as i64;
-                if offset < from {
-                    continue;
-                }
-                if offset >= to || !visit(offset, entry) {
-                    return Ok(false);
-                }
+            if !visit_run(offset_from_key(&k)?, decode_run(&v)?, from, to, visit) {
+                return Ok(false);
             }
         }
         Ok(true)
@@ -548,14 +542,8 @@ impl Storage for SledStorage {
                         write.base_offset
                     )));
                 }
-                for (i, entry) in write.entries.into_iter().enumerate() {
-                    let offset = base + i as i64;
-                    if offset < from {
-                        continue;
-                    }
-                    if offset >= to || !visit(offset, entry) {
-                        return Ok(());
-                    }
+                if !visit_run(base, write.entries, from, to, visit) {
+                    return Ok(());
                 }
             }
         }

@@ -14,7 +14,7 @@
 
 use cluster::ProducerId;
 
-use super::{decode_run, encode_run, from_json, json, Reader, Write};
+use super::{decode_run, encode_run_into, from_json, json, run_capacity, Reader, Write};
 use crate::core::{AbortedTxn, ProducerState};
 use crate::error::{Error, Result};
 
@@ -30,7 +30,6 @@ const HAS_ABORTED: u8 = 2;
 
 /// Encodes `write` as one frame.
 pub(super) fn encode(write: &Write) -> Vec<u8> {
-    let run = encode_run(&write.entries);
     let producer = write
         .producer
         .as_ref()
@@ -41,7 +40,7 @@ pub(super) fn encode(write: &Write) -> Vec<u8> {
             + 17
             + producer.as_ref().map_or(0, |(_, s)| 12 + s.len())
             + aborted.as_ref().map_or(0, |a| 4 + a.len())
-            + run.len(),
+            + run_capacity(&write.entries),
     );
     out.extend_from_slice(&[0; HEADER]);
     out.extend_from_slice(&write.base_offset.to_be_bytes());
@@ -58,7 +57,7 @@ pub(super) fn encode(write: &Write) -> Vec<u8> {
         out.extend_from_slice(&(a.len() as u32).to_be_bytes());
         out.extend_from_slice(a);
     }
-    out.extend_from_slice(&run);
+    encode_run_into(&write.entries, &mut out);
     let payload_len = (out.len() - HEADER) as u32;
     let crc = crc32fast::hash(&out[HEADER..]);
     out[..4].copy_from_slice(&payload_len.to_be_bytes());

@@ -139,21 +139,51 @@ fn encoded_len(entry: &LogEntry) -> usize {
 /// Encodes several consecutive entries as one value: `3, count u32`, then per entry `len u32`
 /// and its [`encode_entry`] bytes. One entry alone is stored as its plain encoding.
 pub fn encode_run(entries: &[LogEntry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(run_capacity(entries));
+    encode_run_into(entries, &mut out);
+    out
+}
+
+/// An upper bound of [`encode_run`]'s size, headers apart (for capacity only).
+fn run_capacity(entries: &[LogEntry]) -> usize {
+    5 + entries.iter().map(|e| 4 + encoded_len(e)).sum::<usize>()
+}
+
+/// [`encode_run`], appended to `out`.
+fn encode_run_into(entries: &[LogEntry], out: &mut Vec<u8>) {
     if let [one] = entries {
-        return encode_entry(one);
+        return encode_entry_into(one, out);
     }
-    let capacity = 5 + entries.iter().map(|e| 4 + encoded_len(e)).sum::<usize>();
-    let mut out = Vec::with_capacity(capacity);
     out.push(TAG_RUN);
     out.extend_from_slice(&(entries.len() as u32).to_be_bytes());
     for entry in entries {
         let at = out.len();
         out.extend_from_slice(&[0; 4]);
-        encode_entry_into(entry, &mut out);
+        encode_entry_into(entry, out);
         let len = (out.len() - at - 4) as u32;
         out[at..at + 4].copy_from_slice(&len.to_be_bytes());
     }
-    out
+}
+
+/// Visits the entries of a run stored at offset `base` that fall in `[from, to)`; `false` once
+/// the visitor stopped or the run reached `to` (nothing after it is wanted).
+fn visit_run(
+    base: i64,
+    entries: Vec<LogEntry>,
+    from: i64,
+    to: i64,
+    visit: &mut dyn FnMut(i64, LogEntry) -> bool,
+) -> bool {
+    for (i, entry) in entries.into_iter().enumerate() {
+        let offset = base + i as i64;
+        if offset < from {
+            continue;
+        }
+        if offset >= to || !visit(offset, entry) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Decodes a stored value: a run ([`encode_run`]) or one entry ([`encode_entry`]).
@@ -801,8 +831,8 @@ mod tests {
             s.load(&tp).unwrap()
         };
         assert_ne!(full, after_first);
-        // Lose the second checkpoint: sled as it was after the first write.
-        {
+        // Puts sled back as it was after the first write (its later checkpoint lost).
+        let restore_first_checkpoint = || {
             let s = SledStorage::open(dir.path()).unwrap();
             for (kind, kvs) in &saved {
                 let tree = s.db.open_tree(format!("{kind}/0/t")).unwrap();
@@ -812,7 +842,8 @@ mod tests {
                 }
             }
             s.db.flush().unwrap();
-        }
+        };
+        restore_first_checkpoint();
         {
             let s = SledStorage::open(dir.path()).unwrap();
             assert_eq!(s.load(&tp).unwrap(), full, "the tail is replayed");
@@ -829,16 +860,7 @@ mod tests {
         }
         // The checkpoint now says more than the file holds: only the replayed case is
         // recoverable, so restore the first checkpoint (as after a crash before the second).
-        {
-            let s = SledStorage::open(dir.path()).unwrap();
-            for (kind, kvs) in &saved {
-                let tree = s.db.open_tree(format!("{kind}/0/t")).unwrap();
-                tree.clear().unwrap();
-                for (k, v) in kvs {
-                    tree.insert(k, v.clone()).unwrap();
-                }
-            }
-        }
+        restore_first_checkpoint();
         let s = SledStorage::open(dir.path()).unwrap();
         assert_eq!(s.load(&tp).unwrap(), after_first, "the torn write is gone");
         assert!(std::fs::metadata(log_file(dir.path())).unwrap().len() < len - 3);
