@@ -34,7 +34,8 @@
 //! member and generation is checked against the group first: an older generation is
 //! ILLEGAL_GENERATION, an unknown member UNKNOWN_MEMBER_ID, another static instance
 //! FENCED_INSTANCE_ID, and nothing is recorded. An accepted TxnOffsetCommit leaves its
-//! partitions pending ([`crate::core::PendingTxnOffsets`]) until the transaction's marker for
+//! partitions pending ([`crate::core::PendingTxnOffsets`], durable before the commit is handed
+//! on, so a restart keeps them) until the transaction's marker for
 //! the group is applied; an OffsetFetch v7 with require_stable gets UNSTABLE_OFFSET_COMMIT for
 //! a pending partition (the client retries), so a consumer taking a partition over never
 //! starts from the offset before a transaction that already committed.
@@ -688,15 +689,22 @@ impl KafkaCoordinator {
                     .iter()
                     .map(|o| cluster::TopicPartition::new(o.topic.clone(), o.partition))
                     .collect();
-                let added = self
+                match self
                     .service
-                    .record_pending_txn_offsets(&group_id, pid, partitions);
-                let code = self.txn_offset_commit_at_owner(grpc).await;
-                if code != 0 {
-                    self.service
-                        .forget_pending_txn_offsets(&group_id, pid, &added);
+                    .record_pending_txn_offsets(&group_id, pid, partitions)
+                    .await
+                {
+                    Err(e) => kafka_error(&e),
+                    Ok(added) => {
+                        let code = self.txn_offset_commit_at_owner(grpc).await;
+                        if code != 0 {
+                            self.service
+                                .forget_pending_txn_offsets(&group_id, pid, added)
+                                .await;
+                        }
+                        code
+                    }
                 }
-                code
             }
         };
         let mut response = TxnOffsetCommitResponse::default();

@@ -12,6 +12,12 @@
 //!   `b'c'` + big-endian coordinator id, value = big-endian i64 highest generation seen from it.
 //!   [`Storage::apply_group_marker`] writes a marker's offsets and these records in one sled
 //!   transaction over both trees, so a crash never leaves offsets without their fence;
+//! - per group, the transactional offset commits whose transaction's marker has not been
+//!   applied yet (KIP-447, see [`crate::core::PendingTxnOffsets`]), tree
+//!   `__pending_txn_offsets`: key = length-prefixed group + big-endian PID + length-prefixed
+//!   topic + big-endian partition, value = big-endian i64 Unix ms when it was recorded.
+//!   [`Storage::apply_group_marker`] removes the marker's PID's records in the same sled
+//!   transaction that writes its offsets;
 //! - in tree `__coordinator_meta`: the coordinator generation (bumped at every start) and the
 //!   PID block bound (see [`crate::core::PidAllocator`]);
 //! - per transactional id, its last [`MAX_EPOCH_HISTORY`] epoch changes
@@ -53,6 +59,8 @@ pub const TXN_STATE_TREE: &str = "__transaction_state";
 pub const GROUP_OFFSETS_TREE: &str = "__consumer_offsets";
 /// Name of the sled tree holding the per-group fencing records of group markers.
 pub const GROUP_MARKER_TREE: &str = "__group_marker_state";
+/// Name of the sled tree holding the pending transactional offset commits of the groups.
+pub const PENDING_OFFSETS_TREE: &str = "__pending_txn_offsets";
 /// Name of the sled tree holding the epoch changes of each transactional id.
 pub const TXN_HISTORY_TREE: &str = "__transaction_history";
 /// Name of the sled tree holding the generation and the PID block.
@@ -97,6 +105,22 @@ pub struct Snapshot {
     pub generation: i64,
     /// The persisted PID block bound (0 if none).
     pub pid_block_end: i64,
+    /// The pending transactional offset commits of the groups.
+    pub pending_txn_offsets: Vec<PendingTxnOffset>,
+}
+
+/// One partition of a group with a transactional offset commit whose marker has not been
+/// applied yet (see [`crate::core::PendingTxnOffsets`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PendingTxnOffset {
+    /// The group.
+    pub group: String,
+    /// The transaction's producer.
+    pub producer_id: ProducerId,
+    /// The partition.
+    pub partition: TopicPartition,
+    /// When it was recorded (Unix ms).
+    pub recorded_ms: i64,
 }
 
 /// The coordinator's durable state. Every write is durable when it returns.
@@ -128,8 +152,26 @@ pub trait Storage: Send + Sync + 'static {
         coordinator_id: NodeId,
     ) -> Result<GroupMarkerFence, StorageError>;
     /// Applies an accepted group marker, atomically: its offsets become the group's committed
-    /// offsets (other partitions kept) and its epoch and generation are recorded.
+    /// offsets (other partitions kept), its epoch and generation are recorded, and its PID's
+    /// pending transactional offset commits in the group are removed.
     fn apply_group_marker(&self, write: &GroupMarkerWrite) -> Result<(), StorageError>;
+    /// Records, durably, that `producer_id` has a transactional offset commit for
+    /// `partitions` of `group` whose marker is not applied yet (recorded at `recorded_ms`).
+    fn put_pending_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: ProducerId,
+        partitions: &[TopicPartition],
+        recorded_ms: i64,
+    ) -> Result<(), StorageError>;
+    /// Removes, durably, what [`Storage::put_pending_txn_offsets`] recorded for `producer_id`
+    /// in `group`: for `partitions`, or every partition (`None`: its marker was applied).
+    fn remove_pending_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: ProducerId,
+        partitions: Option<&[TopicPartition]>,
+    ) -> Result<(), StorageError>;
     /// Commits `offsets` for `group` outside any transaction (Kafka's OffsetCommit); durable
     /// when this returns.
     fn commit_group_offsets(
@@ -151,6 +193,7 @@ pub struct SledStorage {
     history: sled::Tree,
     offsets: sled::Tree,
     markers: sled::Tree,
+    pending: sled::Tree,
     meta: sled::Tree,
 }
 
@@ -165,6 +208,7 @@ impl SledStorage {
             history: db.open_tree(TXN_HISTORY_TREE)?,
             offsets: db.open_tree(GROUP_OFFSETS_TREE)?,
             markers: db.open_tree(GROUP_MARKER_TREE)?,
+            pending: db.open_tree(PENDING_OFFSETS_TREE)?,
             meta: db.open_tree(META_TREE)?,
             db,
         })
@@ -230,6 +274,35 @@ fn pid_fence_key(group: &str, producer_id: ProducerId) -> Vec<u8> {
     key.push(b'p');
     key.extend_from_slice(&producer_id.to_be_bytes());
     key
+}
+
+fn pending_prefix(group: &str, producer_id: ProducerId) -> Vec<u8> {
+    let mut key = group_prefix(group);
+    key.extend_from_slice(&producer_id.to_be_bytes());
+    key
+}
+
+fn pending_key(group: &str, producer_id: ProducerId, tp: &TopicPartition) -> Vec<u8> {
+    let mut key = pending_prefix(group, producer_id);
+    key.extend_from_slice(&(tp.topic.len() as u16).to_be_bytes());
+    key.extend_from_slice(tp.topic.as_bytes());
+    key.extend_from_slice(&tp.partition.to_be_bytes());
+    key
+}
+
+/// Decodes a key of [`pending_key`] and its value.
+fn decode_pending(key: &[u8], value: &[u8]) -> Option<PendingTxnOffset> {
+    let len = u16::from_be_bytes(key.get(..2)?.try_into().ok()?) as usize;
+    let group = std::str::from_utf8(key.get(2..2 + len)?).ok()?;
+    let producer_id = i64::from_be_bytes(key.get(2 + len..10 + len)?.try_into().ok()?);
+    let partition = decode_offset_key(10 + len, key)?;
+    let recorded_ms = i64::from_be_bytes(value.try_into().ok()?);
+    Some(PendingTxnOffset {
+        group: group.to_string(),
+        producer_id,
+        partition,
+        recorded_ms,
+    })
 }
 
 fn coordinator_fence_key(group: &str, coordinator_id: NodeId) -> Vec<u8> {
@@ -347,10 +420,18 @@ impl Storage for SledStorage {
             self.history.apply_batch(migrated)?;
             self.durable()?;
         }
+        let mut pending_txn_offsets = Vec::new();
+        for entry in self.pending.iter() {
+            let (key, value) = entry?;
+            let pending = decode_pending(&key, &value)
+                .ok_or_else(|| corrupt(&key, "bad pending offset entry".into()))?;
+            pending_txn_offsets.push(pending);
+        }
         Ok(Snapshot {
             txns,
             generation: self.read_i64(GENERATION_KEY)?,
             pid_block_end: self.read_i64(PID_BLOCK_KEY)?,
+            pending_txn_offsets,
         })
     }
 
@@ -422,12 +503,20 @@ impl Storage for SledStorage {
             .collect();
         let pid_key = pid_fence_key(group, write.producer_id);
         let coordinator_key = coordinator_fence_key(group, write.coordinator_id);
-        // One transaction over both trees: the offsets never become durable without the
-        // fence that keeps an older marker from overwriting them.
-        (&self.offsets, &self.markers)
-            .transaction(|(offsets_tree, markers_tree)| {
+        let completed = self
+            .pending
+            .scan_prefix(pending_prefix(group, write.producer_id))
+            .keys()
+            .collect::<Result<Vec<_>, _>>()?;
+        // One transaction over the trees: the offsets never become durable without the
+        // fence that keeps an older marker from overwriting them, nor while still pending.
+        (&self.offsets, &self.markers, &self.pending)
+            .transaction(|(offsets_tree, markers_tree, pending_tree)| {
                 for (key, value) in &offsets {
                     offsets_tree.insert(key.as_slice(), &value[..])?;
+                }
+                for key in &completed {
+                    pending_tree.remove(key)?;
                 }
                 markers_tree.insert(pid_key.as_slice(), &write.producer_epoch.to_be_bytes())?;
                 markers_tree.insert(
@@ -440,6 +529,49 @@ impl Storage for SledStorage {
                 TransactionError::Storage(e) => StorageError::Sled(e),
                 TransactionError::Abort(()) => StorageError::Task("group marker aborted".into()),
             })?;
+        self.durable()
+    }
+
+    fn put_pending_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: ProducerId,
+        partitions: &[TopicPartition],
+        recorded_ms: i64,
+    ) -> Result<(), StorageError> {
+        let mut batch = sled::Batch::default();
+        for tp in partitions {
+            batch.insert(
+                pending_key(group, producer_id, tp),
+                &recorded_ms.to_be_bytes()[..],
+            );
+        }
+        self.pending.apply_batch(batch)?;
+        self.durable()
+    }
+
+    fn remove_pending_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: ProducerId,
+        partitions: Option<&[TopicPartition]>,
+    ) -> Result<(), StorageError> {
+        let keys = match partitions {
+            Some(partitions) => partitions
+                .iter()
+                .map(|tp| pending_key(group, producer_id, tp).into())
+                .collect(),
+            None => self
+                .pending
+                .scan_prefix(pending_prefix(group, producer_id))
+                .keys()
+                .collect::<Result<Vec<sled::IVec>, _>>()?,
+        };
+        let mut batch = sled::Batch::default();
+        for key in keys {
+            batch.remove(key);
+        }
+        self.pending.apply_batch(batch)?;
         self.durable()
     }
 
@@ -491,6 +623,8 @@ struct MemoryState {
     fences: BTreeMap<String, MemoryFences>,
     generation: i64,
     pid_block_end: i64,
+    /// (group, PID, partition) -> recorded ms.
+    pending: BTreeMap<(String, ProducerId, TopicPartition), i64>,
 }
 
 #[derive(Debug, Default)]
@@ -517,6 +651,18 @@ impl Storage for MemoryStorage {
             txns: s.txns.values().cloned().collect(),
             generation: s.generation,
             pid_block_end: s.pid_block_end,
+            pending_txn_offsets: s
+                .pending
+                .iter()
+                .map(
+                    |((group, producer_id, partition), recorded_ms)| PendingTxnOffset {
+                        group: group.clone(),
+                        producer_id: *producer_id,
+                        partition: partition.clone(),
+                        recorded_ms: *recorded_ms,
+                    },
+                )
+                .collect(),
         }))
     }
 
@@ -562,6 +708,40 @@ impl Storage for MemoryStorage {
             fences
                 .generations
                 .insert(write.coordinator_id, write.coordinator_generation);
+            s.pending
+                .retain(|(g, pid, _), _| !(g == &write.group_id && *pid == write.producer_id));
+        });
+        Ok(())
+    }
+
+    fn put_pending_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: ProducerId,
+        partitions: &[TopicPartition],
+        recorded_ms: i64,
+    ) -> Result<(), StorageError> {
+        self.with(|s| {
+            for tp in partitions {
+                s.pending
+                    .insert((group.to_string(), producer_id, tp.clone()), recorded_ms);
+            }
+        });
+        Ok(())
+    }
+
+    fn remove_pending_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: ProducerId,
+        partitions: Option<&[TopicPartition]>,
+    ) -> Result<(), StorageError> {
+        self.with(|s| {
+            s.pending.retain(|(g, pid, tp), _| {
+                !(g == group
+                    && *pid == producer_id
+                    && partitions.is_none_or(|only| only.contains(tp)))
+            })
         });
         Ok(())
     }
@@ -714,6 +894,89 @@ mod tests {
             store.put_txn(&meta).unwrap();
         }
         meta
+    }
+
+    /// Pending transactional offsets: recorded, removed per partition, removed with their
+    /// PID's group marker (and only that PID's, only in that group), read back by `load`.
+    fn pending_offsets(store: &dyn Storage) {
+        let tp = |p| TopicPartition::new("input", p);
+        let pending = |group: &str, producer_id, p, recorded_ms| PendingTxnOffset {
+            group: group.to_string(),
+            producer_id,
+            partition: tp(p),
+            recorded_ms,
+        };
+        store
+            .put_pending_txn_offsets("g", 7, &[tp(0), tp(1), tp(2)], 100)
+            .unwrap();
+        store
+            .put_pending_txn_offsets("g", 8, &[tp(0)], 200)
+            .unwrap();
+        store
+            .put_pending_txn_offsets("h", 7, &[tp(0)], 300)
+            .unwrap();
+        store
+            .remove_pending_txn_offsets("g", 7, Some(&[tp(2)]))
+            .unwrap();
+        let mut loaded = store.load().unwrap().pending_txn_offsets;
+        loaded.sort();
+        assert_eq!(
+            loaded,
+            vec![
+                pending("g", 7, 0, 100),
+                pending("g", 7, 1, 100),
+                pending("g", 8, 0, 200),
+                pending("h", 7, 0, 300),
+            ]
+        );
+        // PID 7's marker for g: its offsets applied, its pending records gone with them.
+        store
+            .apply_group_marker(&GroupMarkerWrite {
+                group_id: "g".into(),
+                producer_id: 7,
+                producer_epoch: 1,
+                coordinator_id: 1,
+                coordinator_generation: 1,
+                offsets: [(tp(0), 42)].into(),
+            })
+            .unwrap();
+        let mut loaded = store.load().unwrap().pending_txn_offsets;
+        loaded.sort();
+        assert_eq!(
+            loaded,
+            vec![pending("g", 8, 0, 200), pending("h", 7, 0, 300)]
+        );
+        store.remove_pending_txn_offsets("g", 8, None).unwrap();
+        store.remove_pending_txn_offsets("h", 7, None).unwrap();
+        assert!(store.load().unwrap().pending_txn_offsets.is_empty());
+    }
+
+    #[test]
+    fn pending_offsets_both_engines_and_across_a_reopen() {
+        pending_offsets(&MemoryStorage::new());
+        let dir = tempfile::tempdir().unwrap();
+        pending_offsets(&SledStorage::open(dir.path()).unwrap());
+        {
+            let store = SledStorage::open(dir.path()).unwrap();
+            store
+                .put_pending_txn_offsets(
+                    "group-with-a-long-name",
+                    9,
+                    &[TopicPartition::new("t", 3)],
+                    5,
+                )
+                .unwrap();
+        }
+        let store = SledStorage::open(dir.path()).unwrap();
+        assert_eq!(
+            store.load().unwrap().pending_txn_offsets,
+            vec![PendingTxnOffset {
+                group: "group-with-a-long-name".into(),
+                producer_id: 9,
+                partition: TopicPartition::new("t", 3),
+                recorded_ms: 5,
+            }]
+        );
     }
 
     #[test]

@@ -69,6 +69,27 @@ impl Storage for TestStorage {
         self.check()?;
         self.inner.apply_group_marker(write)
     }
+    fn put_pending_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: i64,
+        partitions: &[cluster::TopicPartition],
+        recorded_ms: i64,
+    ) -> Result<(), StorageError> {
+        self.check()?;
+        self.inner
+            .put_pending_txn_offsets(group, producer_id, partitions, recorded_ms)
+    }
+    fn remove_pending_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: i64,
+        partitions: Option<&[cluster::TopicPartition]>,
+    ) -> Result<(), StorageError> {
+        self.check()?;
+        self.inner
+            .remove_pending_txn_offsets(group, producer_id, partitions)
+    }
     fn commit_group_offsets(
         &self,
         group: &str,

@@ -878,6 +878,11 @@ impl OffsetTxn {
 
     /// EndTxn, expected to succeed.
     async fn end(&self, commit: bool) {
+        assert!(self.try_end(commit).await, "EndTxn refused");
+    }
+
+    /// EndTxn; whether it was accepted.
+    async fn try_end(&self, commit: bool) -> bool {
         use kafka_protocol::messages::*;
         let mut end = EndTxnRequest::default();
         end.transactional_id = TransactionalId(str_bytes(self.txn));
@@ -894,7 +899,7 @@ impl OffsetTxn {
         else {
             panic!("EndTxn response")
         };
-        assert_eq!(ended.error_code, 0);
+        ended.error_code == 0
     }
 }
 
@@ -971,18 +976,109 @@ async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
     cluster.shutdown().await.unwrap();
 }
 
+/// OffsetFetch v7 of input-0 in `group`: the response's error code, and the partition's
+/// (error code, committed offset).
+async fn offset_fetch_v7(
+    group_coordinator: std::net::SocketAddr,
+    group: &str,
+    require_stable: bool,
+) -> (i16, (i16, i64)) {
+    use kafka_protocol::messages::*;
+    let mut f = OffsetFetchRequest::default();
+    f.group_id = GroupId(str_bytes(group));
+    let mut t = offset_fetch_request::OffsetFetchRequestTopic::default();
+    t.name = TopicName(str_bytes("input"));
+    t.partition_indexes = vec![0];
+    f.topics = Some(vec![t]);
+    f.require_stable = require_stable;
+    let ResponseKind::OffsetFetch(r) = kafka_call(
+        group_coordinator,
+        ApiKey::OffsetFetch,
+        7,
+        RequestKind::OffsetFetch(f),
+    )
+    .await
+    else {
+        panic!("OffsetFetch response")
+    };
+    let partition = r
+        .topics
+        .first()
+        .and_then(|t| t.partitions.first())
+        .map_or((-1, -1), |p| (p.error_code, p.committed_offset));
+    (r.error_code, partition)
+}
+
+/// KIP-447 across a restart of the group's coordinator: what is pending is durable, so the
+/// restarted coordinator still answers UNSTABLE_OFFSET_COMMIT until the transaction's marker
+/// arrives. Forgetting it there would hand a consumer taking the partition over the offset
+/// from before a transaction that may still commit: the input processed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pending_transactional_offsets_survive_a_restart_of_the_groups_coordinator() {
+    let mut cluster = cluster().await;
+    let (txn, group) = ("kip447-restart-txn", "kip447-restart-group");
+    let t = OffsetTxn::init(&cluster, txn, group).await;
+    t.add_offsets().await;
+    assert_eq!(t.commit_offset("", -1, 5).await, 0);
+    assert_eq!(
+        offset_fetch_v7(t.group_coordinator, group, true).await,
+        (0, (88, -1))
+    );
+
+    let node = cluster.coordinator_for(group);
+    cluster.kill(node).await.unwrap();
+    cluster.restart(node).await.unwrap();
+    // Once it answers (loaded), still UNSTABLE_OFFSET_COMMIT: the pending commit was kept.
+    let partition = testkit::poll::eventually_within(
+        Duration::from_secs(20),
+        "the restarted coordinator answers OffsetFetch",
+        || async {
+            let (code, partition) = offset_fetch_v7(t.group_coordinator, group, true).await;
+            (code == 0 && partition.0 != 14 && partition.0 != 15).then_some(partition)
+        },
+    )
+    .await;
+    assert_eq!(
+        partition,
+        (88, -1),
+        "UNSTABLE_OFFSET_COMMIT after the restart"
+    );
+
+    // The transaction commits; its marker makes the offset stable, and nothing stays pending.
+    testkit::poll::eventually_within(Duration::from_secs(20), "EndTxn", || async {
+        t.try_end(true).await.then_some(())
+    })
+    .await;
+    let stable =
+        testkit::poll::eventually_within(Duration::from_secs(20), "stable offsets", || async {
+            let (code, (partition_code, offset)) =
+                offset_fetch_v7(t.group_coordinator, group, true).await;
+            (code == 0 && partition_code == 0).then_some(offset)
+        })
+        .await;
+    assert_eq!(stable, 5);
+    // And after one more restart, nothing is pending any more.
+    cluster.kill(node).await.unwrap();
+    cluster.restart(node).await.unwrap();
+    let after = testkit::poll::eventually_within(Duration::from_secs(20), "loaded", || async {
+        let (code, partition) = offset_fetch_v7(t.group_coordinator, group, true).await;
+        (code == 0 && partition.0 != 14 && partition.0 != 15).then_some(partition)
+    })
+    .await;
+    assert_eq!(after, (0, 5));
+    cluster.shutdown().await.unwrap();
+}
+
 /// KIP-447: between a transaction's TxnOffsetCommit and its marker reaching the group, an
 /// OffsetFetch that requires stable offsets (a read_committed consumer taking a partition over
 /// in a rebalance) gets UNSTABLE_OFFSET_COMMIT and retries; reading the older offset there
 /// would make it process the transaction's input a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stable_offset_fetch_waits_for_the_pending_transactional_offsets() {
-    use kafka_protocol::messages::*;
     let cluster = cluster().await;
     let (txn, group) = ("kip447-stable-txn", "kip447-stable-group");
     let t = OffsetTxn::init(&cluster, txn, group).await;
     let group_coordinator = t.group_coordinator;
-    let s = str_bytes;
     // One transaction that commits offset `offset` for input-0 (no member id and no
     // generation: a group without members accepts it).
     let transaction = |offset: i64| {
@@ -996,28 +1092,10 @@ async fn a_stable_offset_fetch_waits_for_the_pending_transactional_offsets() {
         let t = &t;
         async move { t.end(commit).await }
     };
-    // (error code, offset) of input-0, as OffsetFetch v7 answers it.
     let fetch = |require_stable: bool| async move {
-        let mut f = OffsetFetchRequest::default();
-        f.group_id = GroupId(s(group));
-        let mut t = offset_fetch_request::OffsetFetchRequestTopic::default();
-        t.name = TopicName(s("input"));
-        t.partition_indexes = vec![0];
-        f.topics = Some(vec![t]);
-        f.require_stable = require_stable;
-        let ResponseKind::OffsetFetch(r) = kafka_call(
-            group_coordinator,
-            ApiKey::OffsetFetch,
-            7,
-            RequestKind::OffsetFetch(f),
-        )
-        .await
-        else {
-            panic!("OffsetFetch response")
-        };
-        assert_eq!(r.error_code, 0);
-        let p = &r.topics[0].partitions[0];
-        (p.error_code, p.committed_offset)
+        let (code, partition) = offset_fetch_v7(group_coordinator, group, require_stable).await;
+        assert_eq!(code, 0);
+        partition
     };
     let stable_offset = || async move {
         testkit::poll::eventually_within(Duration::from_secs(20), "stable offsets", || async {

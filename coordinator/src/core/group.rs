@@ -2,7 +2,7 @@
 //! the same rule a partition leader applies to WriteTxnMarkers ([`cluster::marker_fence`]), and
 //! [`write_group_marker`] says what an accepted marker writes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use cluster::marker_fence::{self, Decision, Fenced};
 use cluster::{NodeId, ProducerEpoch, ProducerId, TopicPartition};
@@ -142,30 +142,44 @@ pub fn write_group_marker(
 /// still on its way. A consumer that took the partition over in a rebalance would otherwise
 /// start from that older offset and process those records a second time.
 ///
-/// CAVEATS: in memory only (a restarted coordinator forgets what was pending; the transaction's
-/// coordinator re-sends its markers, but an OffsetFetch in between reads the older offset); the
-/// gRPC face's TxnOffsetCommit goes to the transaction's coordinator directly and is not tracked
-/// (our own client has no require_stable OffsetFetch).
+/// The service keeps this picture durable (`Storage::put_pending_txn_offsets`), so a restarted
+/// coordinator still answers UNSTABLE_OFFSET_COMMIT until the marker, which the transaction's
+/// coordinator re-sends, arrives. Each entry carries the time it was recorded, and one older
+/// than `max_age_ms` no longer counts ([`Self::is_pending`]): no transaction lives longer
+/// than the maximum transaction timeout, so an entry that outlives twice that (the service's
+/// choice) lost its transaction's marker for good (a crash between recording it and learning
+/// that the transaction refused the commit), and must not keep a partition unreadable forever.
+///
+/// CAVEATS: the gRPC face's TxnOffsetCommit goes to the transaction's coordinator directly and
+/// is not tracked (our own client has no require_stable OffsetFetch).
 #[derive(Clone, Debug, Default)]
 pub struct PendingTxnOffsets {
-    /// Group -> partition -> the PIDs with a pending commit for it.
-    groups: HashMap<String, BTreeMap<TopicPartition, BTreeSet<ProducerId>>>,
+    /// Group -> partition -> the PIDs with a pending commit for it, with when it was recorded
+    /// (Unix ms).
+    groups: HashMap<String, BTreeMap<TopicPartition, BTreeMap<ProducerId, i64>>>,
 }
 
 impl PendingTxnOffsets {
     /// A TxnOffsetCommit of `producer_id` for `partitions` of `group` is about to be recorded by
-    /// the transaction: they are pending. Returns the partitions that were not pending for that
-    /// PID already, for [`Self::forget`] if the commit is then refused.
+    /// the transaction (at `now_ms`): they are pending. Returns the partitions that were not
+    /// pending for that PID already, for [`Self::forget`] if the commit is then refused.
     pub fn record(
         &mut self,
         group: &str,
         producer_id: ProducerId,
         partitions: impl IntoIterator<Item = TopicPartition>,
+        now_ms: i64,
     ) -> Vec<TopicPartition> {
         let pending = self.groups.entry(group.to_string()).or_default();
         partitions
             .into_iter()
-            .filter(|tp| pending.entry(tp.clone()).or_default().insert(producer_id))
+            .filter(|tp| {
+                pending
+                    .entry(tp.clone())
+                    .or_default()
+                    .insert(producer_id, now_ms)
+                    .is_none()
+            })
             .collect()
     }
 
@@ -188,24 +202,37 @@ impl PendingTxnOffsets {
     }
 
     /// The transaction of `producer_id` ended for `group` (its marker was applied, COMMIT or
-    /// ABORT): nothing of it is pending any more.
-    pub fn complete(&mut self, group: &str, producer_id: ProducerId) {
+    /// ABORT): nothing of it is pending any more. Whether anything was.
+    pub fn complete(&mut self, group: &str, producer_id: ProducerId) -> bool {
+        let mut removed = false;
         if let Some(pending) = self.groups.get_mut(group) {
             pending.retain(|_, pids| {
-                pids.remove(&producer_id);
+                removed |= pids.remove(&producer_id).is_some();
                 !pids.is_empty()
             });
             if pending.is_empty() {
                 self.groups.remove(group);
             }
         }
+        removed
     }
 
-    /// Whether a transaction has an offset for `tp` of `group` that is not applied yet.
-    pub fn is_pending(&self, group: &str, tp: &TopicPartition) -> bool {
+    /// Whether a transaction has an offset for `tp` of `group` that is not applied yet and
+    /// was recorded less than `max_age_ms` before `now_ms`.
+    pub fn is_pending(
+        &self,
+        group: &str,
+        tp: &TopicPartition,
+        now_ms: i64,
+        max_age_ms: i64,
+    ) -> bool {
         self.groups
             .get(group)
-            .is_some_and(|pending| pending.contains_key(tp))
+            .and_then(|pending| pending.get(tp))
+            .is_some_and(|pids| {
+                pids.values()
+                    .any(|recorded| now_ms.saturating_sub(*recorded) < max_age_ms)
+            })
     }
 }
 
@@ -373,20 +400,25 @@ mod tests {
     fn offsets_are_pending_from_the_commit_until_the_marker() {
         let tp = |p| TopicPartition::new("input", p);
         let mut pending = PendingTxnOffsets::default();
-        assert!(!pending.is_pending("g", &tp(0)));
-        assert_eq!(pending.record("g", 7, [tp(0), tp(1)]), vec![tp(0), tp(1)]);
+        let is = |p: &PendingTxnOffsets, g: &str, t| p.is_pending(g, &t, 1_000, 60_000);
+        assert!(!is(&pending, "g", tp(0)));
+        assert_eq!(
+            pending.record("g", 7, [tp(0), tp(1)], 10),
+            vec![tp(0), tp(1)]
+        );
         // A second commit in the same transaction adds only what is new.
-        assert_eq!(pending.record("g", 7, [tp(1), tp(2)]), vec![tp(2)]);
-        pending.record("g", 8, [tp(1)]);
-        assert!(pending.is_pending("g", &tp(0)));
-        assert!(!pending.is_pending("other", &tp(0)));
+        assert_eq!(pending.record("g", 7, [tp(1), tp(2)], 20), vec![tp(2)]);
+        pending.record("g", 8, [tp(1)], 30);
+        assert!(is(&pending, "g", tp(0)));
+        assert!(!is(&pending, "other", tp(0)));
         // PID 7's marker: only PID 8's partition stays pending.
-        pending.complete("g", 7);
-        assert!(!pending.is_pending("g", &tp(0)));
-        assert!(pending.is_pending("g", &tp(1)));
-        assert!(!pending.is_pending("g", &tp(2)));
+        assert!(pending.complete("g", 7));
+        assert!(!pending.complete("g", 7), "nothing left of PID 7");
+        assert!(!is(&pending, "g", tp(0)));
+        assert!(is(&pending, "g", tp(1)));
+        assert!(!is(&pending, "g", tp(2)));
         pending.complete("g", 8);
-        assert!(!pending.is_pending("g", &tp(1)));
+        assert!(!is(&pending, "g", tp(1)));
         assert!(pending.groups.is_empty());
     }
 
@@ -394,12 +426,27 @@ mod tests {
     fn a_refused_commit_forgets_only_what_it_added() {
         let tp = |p| TopicPartition::new("input", p);
         let mut pending = PendingTxnOffsets::default();
-        pending.record("g", 7, [tp(0)]);
-        let added = pending.record("g", 7, [tp(0), tp(1)]);
+        pending.record("g", 7, [tp(0)], 10);
+        let added = pending.record("g", 7, [tp(0), tp(1)], 20);
         pending.forget("g", 7, &added);
-        assert!(pending.is_pending("g", &tp(0)), "the earlier commit stays");
-        assert!(!pending.is_pending("g", &tp(1)));
+        assert!(
+            pending.is_pending("g", &tp(0), 30, 60_000),
+            "the earlier commit stays"
+        );
+        assert!(!pending.is_pending("g", &tp(1), 30, 60_000));
         pending.complete("g", 7);
         assert!(pending.groups.is_empty());
+    }
+
+    #[test]
+    fn a_pending_offset_older_than_the_bound_no_longer_counts() {
+        let tp = TopicPartition::new("input", 0);
+        let mut pending = PendingTxnOffsets::default();
+        pending.record("g", 7, [tp.clone()], 1_000);
+        assert!(pending.is_pending("g", &tp, 1_000 + 59_999, 60_000));
+        assert!(!pending.is_pending("g", &tp, 1_000 + 60_000, 60_000));
+        // A newer commit of another PID for the same partition still counts.
+        pending.record("g", 8, [tp.clone()], 50_000);
+        assert!(pending.is_pending("g", &tp, 1_000 + 60_000, 60_000));
     }
 }

@@ -243,6 +243,25 @@ mod tests {
         fn apply_group_marker(&self, write: &GroupMarkerWrite) -> Result<(), StorageError> {
             self.inner.apply_group_marker(write)
         }
+        fn put_pending_txn_offsets(
+            &self,
+            group: &str,
+            producer_id: ProducerId,
+            partitions: &[cluster::TopicPartition],
+            recorded_ms: i64,
+        ) -> Result<(), StorageError> {
+            self.inner
+                .put_pending_txn_offsets(group, producer_id, partitions, recorded_ms)
+        }
+        fn remove_pending_txn_offsets(
+            &self,
+            group: &str,
+            producer_id: ProducerId,
+            partitions: Option<&[cluster::TopicPartition]>,
+        ) -> Result<(), StorageError> {
+            self.inner
+                .remove_pending_txn_offsets(group, producer_id, partitions)
+        }
         fn commit_group_offsets(
             &self,
             group: &str,

@@ -54,18 +54,82 @@ impl Shared {
             }
             Ok(None) => {
                 debug!(%group, pid, epoch, coordinator, generation, "group marker repeated; nothing to write");
-                cluster::node::lock(&self.pending_txn_offsets).complete(&group, pid);
+                if cluster::node::lock(&self.pending_txn_offsets).complete(&group, pid) {
+                    // Pending since before a restart (the marker was applied, its Complete*
+                    // was not), or recorded after the marker: removed on disk too.
+                    let g = group.clone();
+                    if let Err(e) = self
+                        .blocking(move |s| s.remove_pending_txn_offsets(&g, pid, None))
+                        .await
+                    {
+                        warn!(%group, pid, error = %e, "could not remove pending offsets; they expire");
+                    }
+                }
                 Ok(())
             }
             Ok(Some(write)) => {
                 let offsets = write.offsets.len();
                 self.blocking(move |s| s.apply_group_marker(&write)).await?;
                 debug!(%group, pid, epoch, coordinator, generation, ?result, offsets, "group marker applied");
-                // Only once the offsets are durable: a stable OffsetFetch then reads them.
+                // Only once the offsets are durable (and the pending records gone with them,
+                // in the same sled transaction): a stable OffsetFetch then reads them.
                 cluster::node::lock(&self.pending_txn_offsets).complete(&group, pid);
                 Ok(())
             }
         }
+    }
+
+    /// KIP-447: a TxnOffsetCommit of `producer_id` for `partitions` of `group` is about to be
+    /// handed to the transaction: pending in memory, then on disk before it goes on (so a
+    /// restarted coordinator still answers UNSTABLE_OFFSET_COMMIT until the marker). Returns
+    /// the partitions that were not pending for that PID already.
+    pub(super) async fn record_pending_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: cluster::ProducerId,
+        partitions: Vec<TopicPartition>,
+    ) -> Result<Vec<TopicPartition>, Error> {
+        let now = cluster::node::now_ms();
+        let added = lock(&self.pending_txn_offsets).record(
+            group,
+            producer_id,
+            partitions.iter().cloned(),
+            now,
+        );
+        let g = group.to_string();
+        let written = self
+            .blocking(move |s| s.put_pending_txn_offsets(&g, producer_id, &partitions, now))
+            .await;
+        if let Err(e) = written {
+            lock(&self.pending_txn_offsets).forget(group, producer_id, &added);
+            return Err(e.into());
+        }
+        Ok(added)
+    }
+
+    /// The TxnOffsetCommit announced by [`Self::record_pending_txn_offsets`] was refused:
+    /// `partitions` (what it returned) are no longer pending for `producer_id`.
+    pub(super) async fn forget_pending_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: cluster::ProducerId,
+        partitions: Vec<TopicPartition>,
+    ) {
+        lock(&self.pending_txn_offsets).forget(group, producer_id, &partitions);
+        let g = group.to_string();
+        if let Err(e) = self
+            .blocking(move |s| s.remove_pending_txn_offsets(&g, producer_id, Some(&partitions)))
+            .await
+        {
+            warn!(group, producer_id, error = %e, "could not remove pending offsets; they expire");
+        }
+    }
+
+    /// Whether a transaction's offset for `tp` of `group` is not applied yet, recorded less
+    /// than twice the maximum transaction timeout ago (see [`core::PendingTxnOffsets`]).
+    pub(super) fn txn_offset_pending(&self, group: &str, tp: &TopicPartition) -> bool {
+        let max_age = 2 * i64::from(self.config.max_transaction_timeout_ms);
+        lock(&self.pending_txn_offsets).is_pending(group, tp, cluster::node::now_ms(), max_age)
     }
 
     /// Kafka's OffsetCommit outside a transaction: every partition must exist

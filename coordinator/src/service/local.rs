@@ -123,31 +123,35 @@ impl LocalService {
     }
 
     /// KIP-447: a TxnOffsetCommit of `producer_id` for `partitions` of `group` (a group this
-    /// node coordinates) is about to be handed to the transaction; returns what to pass to
-    /// [`Self::forget_pending_txn_offsets`] if it is refused.
-    pub(crate) fn record_pending_txn_offsets(
+    /// node coordinates) is about to be handed to the transaction: pending from now on, durably.
+    /// Returns what to pass to [`Self::forget_pending_txn_offsets`] if it is refused.
+    pub(crate) async fn record_pending_txn_offsets(
         &self,
         group: &str,
         producer_id: cluster::ProducerId,
         partitions: Vec<cluster::TopicPartition>,
-    ) -> Vec<cluster::TopicPartition> {
-        cluster::node::lock(&self.shared.pending_txn_offsets).record(group, producer_id, partitions)
+    ) -> Result<Vec<cluster::TopicPartition>, Error> {
+        self.shared
+            .record_pending_txn_offsets(group, producer_id, partitions)
+            .await
     }
 
     /// The TxnOffsetCommit announced by [`Self::record_pending_txn_offsets`] was refused.
-    pub(crate) fn forget_pending_txn_offsets(
+    pub(crate) async fn forget_pending_txn_offsets(
         &self,
         group: &str,
         producer_id: cluster::ProducerId,
-        partitions: &[cluster::TopicPartition],
+        partitions: Vec<cluster::TopicPartition>,
     ) {
-        cluster::node::lock(&self.shared.pending_txn_offsets).forget(group, producer_id, partitions)
+        self.shared
+            .forget_pending_txn_offsets(group, producer_id, partitions)
+            .await
     }
 
     /// Whether a transaction's offset for `tp` of `group` is not applied yet (KIP-447's
     /// UNSTABLE_OFFSET_COMMIT for an OffsetFetch that requires stable offsets).
     pub(crate) fn txn_offset_pending(&self, group: &str, tp: &cluster::TopicPartition) -> bool {
-        cluster::node::lock(&self.shared.pending_txn_offsets).is_pending(group, tp)
+        self.shared.txn_offset_pending(group, tp)
     }
 
     /// Kafka's OffsetCommit outside a transaction (the membership check is the Kafka face's).
