@@ -293,9 +293,12 @@ impl GroupMembership {
         for m in self.members.values_mut() {
             m.assignment.clear();
             // A parked SyncGroup is answered REBALANCE_IN_PROGRESS now; its session restarts
-            // from this answer, as for a completed sync.
+            // from this answer, as for a completed sync. The wait is over whether or not the
+            // request is still there to read the answer: a member whose connection died while
+            // parked must expire like any silent member.
             if m.awaiting_sync {
                 m.last_seen_ms = now_ms;
+                m.awaiting_sync = false;
             }
         }
     }
@@ -412,19 +415,35 @@ impl GroupMembership {
                         .unwrap_or_default();
                     // As Kafka does when it hands out the assignment, a member whose SyncGroup
                     // waited for the leader starts a fresh session now: it could not heartbeat
-                    // while it waited.
+                    // while it waited. Its wait is over (the parked request reads the
+                    // assignment from the Stable group), so from now on its session counts: a
+                    // member whose connection died while parked expires like a silent one.
                     if m.awaiting_sync {
                         m.last_seen_ms = now_ms;
+                        m.awaiting_sync = false;
                     }
                 }
                 self.state = GroupState::Stable;
             }
             GroupState::CompletingRebalance | GroupState::Stable => {}
         }
+        let waits = self.state == GroupState::CompletingRebalance;
         let m = self.members.get_mut(member_id).expect("checked");
-        m.awaiting_sync = true;
+        m.awaiting_sync = waits;
         m.last_seen_ms = now_ms;
         Ok(())
+    }
+
+    /// The parked SyncGroup of `member_id` ended without an answer (its wait timed out, or
+    /// its connection closed): its session counts again from `now_ms`, so a member that went
+    /// away expires instead of keeping its place in the group forever.
+    pub fn sync_abandoned(&mut self, member_id: &str, now_ms: i64) {
+        if let Some(m) = self.members.get_mut(member_id) {
+            if m.awaiting_sync {
+                m.awaiting_sync = false;
+                m.last_seen_ms = now_ms;
+            }
+        }
     }
 
     /// The parked SyncGroup of `member_id` at `generation`: `None` while the leader's assignment
@@ -718,6 +737,58 @@ mod tests {
             Err(GroupError::FencedInstanceId(m.clone()))
         );
         assert_eq!(empty.check_commit(&m, 1, Some("i-1")), Ok(()));
+    }
+
+    /// A follower whose SyncGroup was parked when it died (its connection closed, so nobody
+    /// reads the answer) must expire once the leader's sync hands out the assignment, or a
+    /// rebalance ends the wait: otherwise its partitions stay assigned to nobody alive.
+    #[test]
+    fn a_follower_that_dies_while_its_sync_is_parked_expires() {
+        // A and B joined generation 2; A leads; the group awaits A's assignment.
+        let completing = || {
+            let mut g = GroupMembership::new("g");
+            let a = g.join(join("", &["range"]), 0).unwrap();
+            g.join_result(&a).unwrap().unwrap();
+            g.sync(&a, 1, vec![], 0).unwrap();
+            g.sync_result(&a, 1).unwrap().unwrap();
+            let b = g.join(join("", &["range"]), 10).unwrap();
+            g.join(join(&a, &["range"]), 20).unwrap();
+            g.join_result(&a).unwrap().unwrap();
+            g.join_result(&b).unwrap().unwrap();
+            assert_eq!(g.state(), GroupState::CompletingRebalance);
+            (g, a, b)
+        };
+        // B parks its SyncGroup, then dies: nobody polls its result again.
+        let (mut g, a, b) = completing();
+        g.sync(&b, 2, vec![], 100).unwrap();
+        g.sync(&a, 2, vec![(b.clone(), b"1".to_vec())], 200)
+            .unwrap();
+        assert_eq!(g.sync_result(&a, 2).unwrap().unwrap(), b"");
+        assert_eq!(g.state(), GroupState::Stable);
+        // A heartbeats; B is silent for longer than its 10 s session.
+        g.heartbeat(&a, 2, 9_000).unwrap();
+        assert_eq!(g.tick(10_300), vec![b.clone()], "B expires");
+        assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
+
+        // The same when a rebalance, not the leader's sync, ends the parked wait.
+        let (mut g, a, b) = completing();
+        g.sync(&b, 2, vec![], 100).unwrap();
+        g.join(join(&a, &["range"]), 200).unwrap();
+        g.heartbeat(&a, 2, 9_000).ok();
+        assert_eq!(
+            g.tick(10_300),
+            vec![b.clone()],
+            "B never rejoined and expires"
+        );
+
+        // And when the shell gives up on the parked request (timed out or dropped).
+        let (mut g, a, b) = completing();
+        g.sync(&b, 2, vec![], 100).unwrap();
+        g.heartbeat(&a, 2, 59_000).unwrap();
+        assert_eq!(g.tick(60_000), Vec::<String>::new(), "parked: not expired");
+        g.sync_abandoned(&b, 60_100);
+        g.heartbeat(&a, 2, 69_000).unwrap();
+        assert_eq!(g.tick(70_200), vec![b.clone()]);
     }
 
     #[test]

@@ -234,6 +234,25 @@ fn state_name(state: i32) -> &'static str {
     }
 }
 
+/// Tells the group, when dropped unanswered, that a parked SyncGroup ended without reading
+/// its answer ([`GroupMembership::sync_abandoned`]).
+struct SyncAbandoned<'a> {
+    face: &'a KafkaCoordinator,
+    group_id: &'a str,
+    member_id: &'a str,
+    answered: bool,
+}
+
+impl Drop for SyncAbandoned<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.face.with_group(self.group_id, |g, now| {
+                g.sync_abandoned(self.member_id, now)
+            });
+        }
+    }
+}
+
 impl Handler for KafkaCoordinator {
     fn apis(&self) -> Vec<ApiRange> {
         kafka_wire::apis::COORDINATOR_APIS.to_vec()
@@ -487,11 +506,22 @@ impl KafkaCoordinator {
             response.error_code = group_code(&e);
             return response;
         }
+        // Whatever ends the wait without an answer (the 60 s bound, or the connection closing
+        // and dropping this future) tells the group, so the member's session counts again.
+        let abandoned = SyncAbandoned {
+            face: self,
+            group_id: &group_id,
+            member_id: &member_id,
+            answered: false,
+        };
         let answer = self
             .park(&group_id, Duration::from_secs(60), |g| {
                 g.sync_result(&member_id, generation)
             })
             .await;
+        let mut abandoned = abandoned;
+        abandoned.answered = answer.is_some();
+        drop(abandoned);
         match answer {
             None => response.error_code = ResponseError::RebalanceInProgress.code(),
             Some(Err(e)) => response.error_code = group_code(&e),
