@@ -400,3 +400,40 @@ async fn health_is_not_serving_until_loaded_and_reflection_lists_the_services() 
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }
+
+/// At start, a pending transactional offset older than twice the maximum transaction timeout is
+/// removed from disk (its marker is lost for good); a younger one is kept.
+#[tokio::test]
+async fn expired_pending_offsets_are_removed_at_start() {
+    let cluster = Cluster::start(1).await;
+    let storage = Arc::new(TestStorage::default());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let old = now - 2 * i64::from(cluster::MAX_TRANSACTION_TIMEOUT_MS) - 1_000;
+    storage
+        .inner
+        .put_pending_txn_offsets("g", 7, &[cluster::TopicPartition::new("t", 0)], old)
+        .unwrap();
+    storage
+        .inner
+        .put_pending_txn_offsets("g", 8, &[cluster::TopicPartition::new("t", 1)], now)
+        .unwrap();
+    storage.open_gate();
+    let (client, stop, task) = serve_on(&cluster, storage.clone()).await;
+    // Loaded once an id answers.
+    let mut t = Txn::new(client.clone(), "txn-pending-load");
+    t.init().await;
+    let left: Vec<_> = storage
+        .inner
+        .load()
+        .unwrap()
+        .pending_txn_offsets
+        .into_iter()
+        .map(|p| (p.producer_id, p.partition))
+        .collect();
+    assert_eq!(left, vec![(8, cluster::TopicPartition::new("t", 1))]);
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}

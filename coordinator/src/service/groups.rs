@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use super::{wire, Shared};
 use crate::core::{self, GroupMarker};
+use crate::storage::PendingTxnOffset;
 use crate::Error;
 
 impl Shared {
@@ -126,10 +127,44 @@ impl Shared {
     }
 
     /// Whether a transaction's offset for `tp` of `group` is not applied yet, recorded less
-    /// than twice the maximum transaction timeout ago (see [`core::PendingTxnOffsets`]).
+    /// than [`Self::max_pending_age_ms`] ago (see [`core::PendingTxnOffsets`]).
     pub(super) fn txn_offset_pending(&self, group: &str, tp: &TopicPartition) -> bool {
-        let max_age = 2 * i64::from(self.config.max_transaction_timeout_ms);
+        let max_age = self.max_pending_age_ms();
         lock(&self.pending_txn_offsets).is_pending(group, tp, cluster::node::now_ms(), max_age)
+    }
+
+    /// How long a pending transactional offset counts: twice the maximum transaction timeout
+    /// (no transaction lives longer; see [`core::PendingTxnOffsets`]).
+    fn max_pending_age_ms(&self) -> i64 {
+        2 * i64::from(self.config.max_transaction_timeout_ms)
+    }
+
+    /// At start: what was pending before, back in memory; entries past
+    /// [`Self::max_pending_age_ms`] are removed from disk instead (their marker is lost for
+    /// good, see [`core::PendingTxnOffsets`]).
+    pub(super) async fn load_pending_txn_offsets(&self, stored: Vec<PendingTxnOffset>) {
+        let now = cluster::node::now_ms();
+        let max_age = self.max_pending_age_ms();
+        let (live, expired): (Vec<_>, Vec<_>) = stored
+            .into_iter()
+            .partition(|p| now.saturating_sub(p.recorded_ms) < max_age);
+        {
+            let mut pending = lock(&self.pending_txn_offsets);
+            for p in live {
+                pending.record(&p.group, p.producer_id, [p.partition], p.recorded_ms);
+            }
+        }
+        for p in expired {
+            warn!(group = %p.group, pid = p.producer_id, partition = %p.partition,
+                  recorded_ms = p.recorded_ms, "pending transactional offset expired; removed");
+            let (group, pid, partition) = (p.group.clone(), p.producer_id, [p.partition]);
+            let removed = self
+                .blocking(move |s| s.remove_pending_txn_offsets(&group, pid, Some(&partition)))
+                .await;
+            if let Err(e) = removed {
+                warn!(group = %p.group, pid, error = %e, "could not remove an expired pending offset");
+            }
+        }
     }
 
     /// Kafka's OffsetCommit outside a transaction: every partition must exist

@@ -95,17 +95,8 @@ impl Shared {
             self.topology.coordinator_count(),
             snapshot.pid_block_end,
         ));
-        {
-            let mut pending = lock(&self.pending_txn_offsets);
-            for p in &snapshot.pending_txn_offsets {
-                pending.record(
-                    &p.group,
-                    p.producer_id,
-                    [p.partition.clone()],
-                    p.recorded_ms,
-                );
-            }
-        }
+        self.load_pending_txn_offsets(snapshot.pending_txn_offsets)
+            .await;
         let mut resume = Vec::new();
         let mut owned = 0;
         self.config.metrics.reset_transaction_states();
