@@ -10,7 +10,6 @@ use std::time::Duration;
 use common::*;
 use proto::partition_leader_server::PartitionLeaderServer;
 use proto::{ErrorCode, TxnState};
-use testkit::process::Node;
 
 fn long_wait(config: &mut coordinator::CoordinatorConfig) {
     config.max_prepare_wait = Duration::from_secs(20);
@@ -121,17 +120,6 @@ async fn fencing_init_answers_once_the_abort_completed() {
     let r = old.init_raw(60_000, (-1, -1)).await;
     assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
     assert_eq!(r.producer_epoch, pe.1 + 2);
-}
-
-fn spawn_coordinator(dir: &std::path::Path, addr: &str, log: &std::path::Path) -> Node {
-    Node::spawn(
-        env!("CARGO_BIN_EXE_coordinator"),
-        1,
-        addr,
-        dir,
-        "coordinator",
-        log,
-    )
 }
 
 /// A data directory and topology for a coordinator child process at a free address, with
@@ -254,27 +242,4 @@ async fn sigkill_right_after_complete_keeps_every_commit() {
         // The producer's next transaction starts from the committed one.
         assert_eq!(t.init().await, (bumped.0, bumped.1 + 1), "{id}");
     }
-}
-
-/// Connects to a coordinator child and waits until it has loaded its state.
-async fn connect(addr: &str) -> Client {
-    let endpoint = format!("http://{addr}");
-    let client = eventually("coordinator process up", || {
-        let endpoint = endpoint.clone();
-        async move { Client::connect(endpoint).await.ok() }
-    })
-    .await;
-    eventually("coordinator loaded", || {
-        let mut c = client.clone();
-        async move {
-            let r = c
-                .list_transactions(proto::ListTransactionsRequest::default())
-                .await
-                .ok()?
-                .into_inner();
-            (r.error_code == 0).then_some(())
-        }
-    })
-    .await;
-    client
 }

@@ -7,51 +7,14 @@
 //! Needs to mount a tmpfs (root, as on the project's CI machines); skipped, saying why,
 //! where mounting is not allowed.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use proto::partition_leader_client::PartitionLeaderClient;
 use proto::{ErrorCode, ProduceRequest};
 use testkit::process::Node;
 use testkit::requests::{self, code, values};
+use testkit::tmpfs::Tmpfs;
 use tonic::transport::Channel;
-
-/// A tmpfs of `size` mounted at `at`, unmounted on drop.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Result<Self, String> {
-        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-        }
-        Ok(Self(at.to_path_buf()))
-    }
-
-    fn resize(&self, size: &str) {
-        let out = Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
-            .arg(&self.0)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 fn spawn_leader(dir: &Path, addr: &str, log: &Path) -> Node {
     Node::spawn(

@@ -14,6 +14,7 @@
 //!   the values of a fetch reply.
 //! - [`standard`]: clients of the standard gRPC services every node serves (health and
 //!   reflection), as grpcurl or a load balancer would ask them.
+//! - [`tmpfs`]: a small tmpfs to fill up (a full disk), mounted for one test.
 //! - [`fakes`]: stand-ins served over real gRPC or called in process: [`FakeLeader`] (a
 //!   partition leader that records markers and answers with a chosen code),
 //!   [`FakeCoordinator`] (VerifyTransaction from a table the test edits) and [`FakeVerifier`]
@@ -31,6 +32,7 @@ pub mod poll;
 pub mod process;
 pub mod requests;
 pub mod standard;
+pub mod tmpfs;
 
 pub use fakes::{FakeCoordinator, FakeLeader, FakeTxn, FakeVerifier};
 pub use poll::eventually;

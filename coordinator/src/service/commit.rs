@@ -40,7 +40,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 use cluster::node::lock;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tracing::{debug, warn};
 
 use crate::core::TxnMetadata;
@@ -69,11 +69,15 @@ pub(super) struct GroupCommit {
 impl GroupCommit {
     /// Starts the writer thread over `storage`; join it after [`GroupCommit::close`] (e.g.
     /// with [`GroupCommit::join`]).
-    pub(super) fn start(storage: Arc<dyn Storage>) -> std::io::Result<(Self, JoinHandle<()>)> {
+    /// A failed batch sets `failed` (see `Shared::storage_failed`).
+    pub(super) fn start(
+        storage: Arc<dyn Storage>,
+        failed: Arc<watch::Sender<bool>>,
+    ) -> std::io::Result<(Self, JoinHandle<()>)> {
         let (tx, rx) = mpsc::channel();
         let writer = std::thread::Builder::new()
             .name("txn-group-commit".into())
-            .spawn(move || write_batches(storage.as_ref(), rx))?;
+            .spawn(move || write_batches(storage.as_ref(), &failed, rx))?;
         let commit = Self {
             queue: Mutex::new(Some(tx)),
         };
@@ -140,7 +144,11 @@ impl GroupCommit {
 }
 
 /// The writer thread: one batch at a time until the queue is closed and empty.
-fn write_batches(storage: &dyn Storage, queue: mpsc::Receiver<Pending>) {
+fn write_batches(
+    storage: &dyn Storage,
+    failed: &watch::Sender<bool>,
+    queue: mpsc::Receiver<Pending>,
+) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -162,6 +170,7 @@ fn write_batches(storage: &dyn Storage, queue: mpsc::Receiver<Pending>) {
         .map_err(|e| e.to_string());
         if let Err(e) = &result {
             warn!(writes, error = %e, "group commit failed");
+            super::storage_error(failed, e);
         }
         if waiters.is_empty() {
             debug!(
@@ -299,7 +308,8 @@ mod tests {
     /// the storage is released.
     async fn one_then_three(fail: bool) -> (Arc<Gated>, Vec<Result<(), StorageError>>) {
         let (storage, entered, gate) = gated(fail);
-        let (commit, writer) = GroupCommit::start(storage.clone()).unwrap();
+        let failed = Arc::new(watch::channel(false).0);
+        let (commit, writer) = GroupCommit::start(storage.clone(), failed.clone()).unwrap();
         let commit = Arc::new(commit);
         let first = tokio::spawn({
             let commit = commit.clone();
@@ -323,6 +333,8 @@ mod tests {
         GroupCommit::join(writer).await.unwrap();
         // Closed: refused, never silently dropped.
         assert!(commit.put_txn(meta("e")).await.is_err());
+        // A failed batch, and only that, marks the storage failed (the node turns NOT_SERVING).
+        assert_eq!(*failed.borrow(), fail);
         (storage, results)
     }
 
@@ -346,7 +358,8 @@ mod tests {
     #[tokio::test]
     async fn a_complete_write_rides_the_next_flush_and_alone_is_not_flushed() {
         let (storage, entered, gate) = gated(false);
-        let (commit, writer) = GroupCommit::start(storage.clone()).unwrap();
+        let failed = Arc::new(watch::channel(false).0);
+        let (commit, writer) = GroupCommit::start(storage.clone(), failed).unwrap();
         let commit = Arc::new(commit);
         let first = tokio::spawn({
             let commit = commit.clone();

@@ -79,8 +79,9 @@
 //! ([`cluster::node::close_sled`]: its lock file is released when [`serve`] returns).
 //!
 //! Operations: beside `Cluster` and `TransactionCoordinator` the server carries the standard
-//! gRPC health service ([`cluster::health`]: NOT_SERVING until the state is loaded and from the
-//! moment the coordinator starts stopping) and server reflection. Every handler counts its answer
+//! gRPC health service ([`cluster::health`]: NOT_SERVING until the state is loaded, after a
+//! storage write failed (sled fails every write after an I/O error until the process restarts),
+//! and from the moment the coordinator starts stopping) and server reflection. Every handler counts its answer
 //! in [`CoordinatorConfig::metrics`] (by API and error code, fenced ones by id and PID); `state`
 //! counts each durable transition (state gauge, epoch bumps by cause, transaction and marker
 //! durations, flush latency) and records epoch changes in the id's bounded history, naming the
@@ -254,7 +255,8 @@ async fn serve_inner(
         node_id: config.node_id,
         fingerprint: fingerprint.clone(),
     });
-    let (commit, writer) = commit::GroupCommit::start(storage.clone())?;
+    let storage_failed = Arc::new(watch::channel(false).0);
+    let (commit, writer) = commit::GroupCommit::start(storage.clone(), storage_failed.clone())?;
     let shared = Arc::new(Shared {
         credentials,
         fingerprint,
@@ -274,6 +276,7 @@ async fn serve_inner(
         channels: Mutex::new(HashMap::new()),
         leader_queues: Mutex::new(HashMap::new()),
         stop,
+        storage_failed,
         tasks: Mutex::new(JoinSet::new()),
     });
 
@@ -331,9 +334,23 @@ async fn serve_inner(
         error!(node_id = shared.node_id, error = %e, "loading transaction state failed; stopping");
         let _ = shared.stop.send(true);
     } else {
-        if !shared.stopping() {
+        if !shared.stopping() && !*shared.storage_failed.borrow() {
             health.set_serving(true).await;
         }
+        // A failed write turns the node NOT_SERVING until it restarts.
+        let (mut failed, unhealthy) = (shared.storage_failed.subscribe(), health.clone());
+        let node_id = shared.node_id;
+        let mut stopped = shared.stop.subscribe();
+        shared.spawn(async move {
+            let storage_failed = tokio::select! {
+                r = failed.wait_for(|f| *f) => r.is_ok(),
+                _ = stopped.wait_for(|s| *s) => false,
+            };
+            if storage_failed {
+                error!(node_id, "the storage failed: NOT_SERVING; restart the node once the disk is fixed (nothing acknowledged is lost)");
+                unhealthy.set_serving(false).await;
+            }
+        });
         let scan = shared.clone();
         shared.spawn(async move { scan.timeout_scan().await });
     }
@@ -409,6 +426,10 @@ struct Shared {
     leader_queues: Mutex<HashMap<String, leader_queue::LeaderQueue>>,
     /// `true` once the coordinator is stopping.
     stop: watch::Sender<bool>,
+    /// `true` once a write to the storage failed: sled keeps failing every write after an I/O
+    /// error (a full disk, a failing device) until the process restarts, so from then on the
+    /// health check says NOT_SERVING (see [`Shared::storage_error`]).
+    storage_failed: Arc<watch::Sender<bool>>,
     /// Marker writers and the timeout scan.
     tasks: Mutex<JoinSet<()>>,
 }
@@ -464,9 +485,20 @@ impl Shared {
         f: impl FnOnce(&dyn Storage) -> Result<T, StorageError> + Send + 'static,
     ) -> Result<T, StorageError> {
         let storage = self.storage.clone();
-        node::blocking(move || f(storage.as_ref()))
+        let result = node::blocking(move || f(storage.as_ref()))
             .await
-            .map_err(|e| StorageError::Task(e.to_string()))?
+            .map_err(|e| StorageError::Task(e.to_string()))?;
+        if let Err(e @ (StorageError::Sled(_) | StorageError::Io(_))) = &result {
+            storage_error(&self.storage_failed, e);
+        }
+        result
+    }
+}
+
+/// A write to the storage failed with `error`: recorded once (see `Shared::storage_failed`).
+fn storage_error(failed: &watch::Sender<bool>, error: &dyn std::fmt::Display) {
+    if !failed.send_replace(true) {
+        error!(error = %error, "storage write failed; the node turns NOT_SERVING");
     }
 }
 

@@ -399,3 +399,43 @@ pub fn stable(mut d: TransactionDescription) -> TransactionDescription {
     d.age_ms = 0;
     d
 }
+
+/// Starts the coordinator binary as node 1 at `addr`, with `dir/data` and `dir/topology.toml`
+/// (a process a test can SIGKILL), logging to `log`.
+pub fn spawn_coordinator(
+    dir: &std::path::Path,
+    addr: &str,
+    log: &std::path::Path,
+) -> testkit::process::Node {
+    testkit::process::Node::spawn(
+        env!("CARGO_BIN_EXE_coordinator"),
+        1,
+        addr,
+        dir,
+        "coordinator",
+        log,
+    )
+}
+
+/// Connects to a coordinator child and waits until it has loaded its state.
+pub async fn connect(addr: &str) -> Client {
+    let endpoint = format!("http://{addr}");
+    let client = eventually("coordinator process up", || {
+        let endpoint = endpoint.clone();
+        async move { Client::connect(endpoint).await.ok() }
+    })
+    .await;
+    eventually("coordinator loaded", || {
+        let mut c = client.clone();
+        async move {
+            let r = c
+                .list_transactions(proto::ListTransactionsRequest::default())
+                .await
+                .ok()?
+                .into_inner();
+            (r.error_code == 0).then_some(())
+        }
+    })
+    .await;
+    client
+}

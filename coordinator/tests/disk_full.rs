@@ -1,0 +1,104 @@
+//! A full disk at the coordinator, against the real binary on a small tmpfs: the transition
+//! that does not fit is refused with KAFKA_STORAGE_ERROR, every acknowledged one survives, and
+//! the node says so: sled fails every write after an I/O error until the process restarts, so
+//! the health check turns NOT_SERVING (reads of what is in memory still answer). After a
+//! SIGKILL and a restart with room again, all of it is there and it serves as before.
+//!
+//! Needs to mount a tmpfs (root, as on the project's CI machines); skipped, saying why,
+//! where mounting is not allowed.
+
+mod common;
+
+use common::*;
+use proto::ErrorCode;
+use testkit::tmpfs::Tmpfs;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_the_transition_and_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = match Tmpfs::mount(&dir.path().join("data"), "2m") {
+        Ok(disk) => disk,
+        Err(why) => {
+            eprintln!("skipped: cannot mount a tmpfs here ({why})");
+            return;
+        }
+    };
+    let addr = testkit::process::free_address();
+    std::fs::write(
+        dir.path().join("topology.toml"),
+        format!(
+            "transaction_state_partitions = 8\n\
+             [[coordinators]]\nid = 1\naddress = \"{addr}\"\n\
+             [[leaders]]\nid = 101\naddress = \"127.0.0.1:1\"\n\
+             [[topics]]\nname = \"t\"\nleaders = [101]\n"
+        ),
+    )
+    .unwrap();
+    let process = spawn_coordinator(dir.path(), &addr, &dir.path().join("first.log"));
+    let client = connect(&addr).await;
+    let health = || testkit::standard::health(&addr, "");
+    assert_eq!(health().await, Ok(ServingStatus::Serving));
+
+    // New transactional ids (long names, so the disk fills quickly) until one is refused.
+    let id = |i: usize| format!("{i:0>250}");
+    let mut acknowledged = Vec::new();
+    let refused = loop {
+        let i = acknowledged.len();
+        assert!(i < 50_000, "2 MiB never filled up");
+        let r = Txn::new(client.clone(), &id(i))
+            .init_raw(60_000, (-1, -1))
+            .await;
+        if code(r.error_code) != ErrorCode::None {
+            assert_eq!(
+                code(r.error_code),
+                ErrorCode::KafkaStorageError,
+                "{}",
+                r.error_message
+            );
+            assert!(
+                r.error_message.contains("No space left"),
+                "{}",
+                r.error_message
+            );
+            break i;
+        }
+        acknowledged.push((id(i), r.producer_id, r.producer_epoch));
+    };
+    assert!(refused > 0, "nothing fitted");
+    // The node says it cannot serve; what it holds is still readable.
+    testkit::poll::eventually_within(
+        std::time::Duration::from_secs(10),
+        "NOT_SERVING after the failed write",
+        || async { (health().await == Ok(ServingStatus::NotServing)).then_some(()) },
+    )
+    .await;
+    let (first, pid, epoch) = &acknowledged[0];
+    let d = Txn::new(client.clone(), first).describe().await;
+    assert_eq!((d.producer_id, d.producer_epoch), (*pid, *epoch));
+
+    // Room again; SIGKILL (no clean stop) and a restart.
+    disk.resize("64m");
+    process.kill();
+    let _process = spawn_coordinator(dir.path(), &addr, &dir.path().join("second.log"));
+    let client = connect(&addr).await;
+    assert_eq!(health().await, Ok(ServingStatus::Serving));
+    for (id, pid, epoch) in &acknowledged {
+        let d = Txn::new(client.clone(), id).describe().await;
+        assert_eq!(
+            (d.producer_id, d.producer_epoch),
+            (*pid, *epoch),
+            "acknowledged {id} after the restart"
+        );
+    }
+    // And it takes new work: the refused id's retry, and an epoch bump of an old one.
+    let r = Txn::new(client.clone(), &id(refused))
+        .init_raw(60_000, (-1, -1))
+        .await;
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    let r = Txn::new(client.clone(), first)
+        .init_raw(60_000, (-1, -1))
+        .await;
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    assert_eq!((r.producer_id, r.producer_epoch), (*pid, *epoch + 1));
+}
