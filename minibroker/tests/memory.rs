@@ -1,12 +1,14 @@
 //! A producer's memory while a leader is down, measured on the producer ALONE: the nodes run as
 //! child processes (as in `minibroker chaos`), `minibroker produce --idempotent` runs as another
 //! at full speed round robin over three partitions, and the leader of one of them is stopped
-//! (SIGSTOP) for 10 s. At full speed the producer already holds a full `buffer.memory`; while the
-//! leader is down its resident memory may grow by less than one more `buffer.memory` over that
-//! (a producer that kept accepting records for the stopped partition would grow by over 100 MiB
-//! in those 10 s). Both figures are printed; the absolute growth over the process's start also
-//! carries the allocator's slack (glibc arenas of a multi-threaded runtime), which varies from
-//! run to run.
+//! (SIGSTOP) for 10 s. While it is down the records for its partition fill the producer's
+//! buffer and `send` blocks: the producer's resident memory must stay within its resident memory
+//! at start plus `buffer.memory` plus a fixed overhead ([`FIXED_OVERHEAD`]). A producer that
+//! kept accepting records for the stopped partition would grow by over 100 MiB in those 10 s; one
+//! that kept every completed delivery queued behind the stopped partition's (as `produce` once
+//! did) grew by ~1.5x `buffer.memory` over the bound. The growth over the full-speed peak is
+//! printed too: it is about one `buffer.memory` (the buffer is not full at full speed), so it is
+//! not what is checked.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,10 @@ use minibroker::chaos::procs::{NodeSettings, Nodes};
 use testkit::process::free_address;
 
 const BUFFER_MEMORY: u64 = 16 * 1024 * 1024;
+/// What the producer holds beyond its buffer, whatever `buffer.memory` is: the runtime's
+/// thread arenas, up to five requests in flight per leader (`batch.size` each), one delivery
+/// handle per buffered record. Measured 5-7 MiB on the project's machines.
+const FIXED_OVERHEAD: u64 = 12 * 1024 * 1024;
 /// VmRSS of `pid` in bytes (0 once it is gone).
 fn rss(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -126,10 +132,11 @@ async fn a_producer_holds_at_most_buffer_memory_while_a_leader_is_down() {
     );
     assert!(alive, "the producer failed while the leader was down");
     assert!(
-        down.saturating_sub(steady) < BUFFER_MEMORY,
-        "the producer grew by {:.1} MiB over its full-speed peak while a leader was down \
-         (buffer.memory {:.0} MiB)",
-        mib(down.saturating_sub(steady)),
-        mib(BUFFER_MEMORY)
+        down.saturating_sub(before) <= BUFFER_MEMORY + FIXED_OVERHEAD,
+        "the producer grew by {:.1} MiB over its start while a leader was down \
+         (buffer.memory {:.0} MiB + fixed {:.0} MiB)",
+        mib(down.saturating_sub(before)),
+        mib(BUFFER_MEMORY),
+        mib(FIXED_OVERHEAD)
     );
 }

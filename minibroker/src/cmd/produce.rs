@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
 use producer_client::{Admin, ClientConfig, IdempotentProducer, Target, TransactionalProducer};
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
@@ -243,10 +245,13 @@ async fn idempotent(
     let mut producer = IdempotentProducer::connect(config).await?;
     let stop = stop_signal();
     tokio::pin!(stop);
-    // send() returns at once; the pipeline batches and keeps requests in flight. The
-    // deliveries are checked in order, keeping at most `WINDOW` outstanding.
+    // send() returns at once; the pipeline batches and keeps requests in flight. Deliveries
+    // are collected as they complete, in any order, so what stays outstanding is only what the
+    // producer still holds (its buffer.memory and the requests in flight): checking them in
+    // order would also keep every completed delivery queued behind a slow partition's, memory
+    // the producer's bound does not cover. At most `WINDOW` outstanding.
     const WINDOW: usize = 100_000;
-    let mut pending = std::collections::VecDeque::new();
+    let mut pending = FuturesUnordered::new();
     let mut stopped = None;
     let mut n = 0;
     loop {
@@ -262,16 +267,21 @@ async fn idempotent(
         };
         let Some((target, value)) = next else { break };
         n += 1;
-        pending.push_back(producer.send(&work.args.topic, target, value).await?);
+        pending.push(producer.send(&work.args.topic, target, value).await?);
+        while let Some(Some(delivered)) = pending.next().now_or_never() {
+            delivered?;
+            tally.committed += 1;
+            tally.progress(tally.committed);
+        }
         while pending.len() > WINDOW {
-            pending.pop_front().expect("non-empty").await?;
+            pending.next().await.expect("non-empty")?;
             tally.committed += 1;
             tally.progress(tally.committed);
         }
     }
     producer.flush().await?;
-    for delivery in pending {
-        delivery.await?;
+    while let Some(delivered) = pending.next().await {
+        delivered?;
         tally.committed += 1;
         tally.progress(tally.committed);
     }
