@@ -294,14 +294,18 @@ leader_state() { # leader_state partition: the leader's producer state for X's P
   mb --json producers "$topic" "$1" 2>/dev/null | checker producer-state "$pid"
 }
 
-# A writes 50 records per transaction, so that a pause usually finds every partition in its
-# open transaction; B writes 10 per transaction, so that it commits often.
-a_per_txn=50
+# A writes 500 records per transaction (one second of A at its pace), so that a pause nearly
+# always finds every partition in its open transaction AND records of it still to send: A's next
+# request when it wakes up is then a Produce to a partition leader, not its EndTxn. (With 50, a
+# pause found A between its last record and its commit one time in ~10, and the
+# --break-fencing self-test, which needs that Produce to land, failed.) B writes 10 per
+# transaction, so that it commits often.
+a_per_txn=500
 per_txn=10
 
 # ================================================================================================
 step "2. Producer instance A: transactional id '$txn_id' in its own container"
-# A writes "A-0", "A-1", ... round robin over the 3 partitions, 50 records per transaction, and
+# A writes "A-0", "A-1", ... round robin over the 3 partitions, 500 records per transaction, and
 # would go on for a long time: it is stopped by the fencing below, not by its record count.
 # A is paced (--throughput, records/s): its producer pipeline would otherwise queue a whole
 # transaction in microseconds and a pause would nearly always find it waiting for its commit.

@@ -508,7 +508,7 @@ impl KafkaCoordinator {
         }
         // Whatever ends the wait without an answer (the 60 s bound, or the connection closing
         // and dropping this future) tells the group, so the member's session counts again.
-        let abandoned = SyncAbandoned {
+        let mut abandoned = SyncAbandoned {
             face: self,
             group_id: &group_id,
             member_id: &member_id,
@@ -519,7 +519,6 @@ impl KafkaCoordinator {
                 g.sync_result(&member_id, generation)
             })
             .await;
-        let mut abandoned = abandoned;
         abandoned.answered = answer.is_some();
         drop(abandoned);
         match answer {
