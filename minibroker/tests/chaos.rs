@@ -42,8 +42,11 @@ fn chaos_passes_on_a_healthy_cluster_and_fails_on_a_sabotaged_one() {
         "{run:#}"
     );
 
-    // Longer transactions, so the frozen zombie has more to write after it resumes.
-    let (ok, report) = chaos(&["--unsafe-skip-epoch-check", "--records-per-txn", "8"]);
+    // Long transactions, so the zombie, frozen once it has written to every partition, nearly
+    // always has records left to send when it resumes (a Produce the sabotaged leaders take).
+    // With 8 records it was sometimes frozen past its last record: its next request was then
+    // EndTxn, fenced by the coordinator, and the run had no zombie write to catch.
+    let (ok, report) = chaos(&["--unsafe-skip-epoch-check", "--records-per-txn", "200"]);
     assert!(!ok, "sabotaged run passed: {report:#}");
     assert_eq!(report["passed"], false);
     assert!(anomalies(&report, "zombie_write") >= 1, "{report:#}");
