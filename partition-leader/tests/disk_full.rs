@@ -7,41 +7,15 @@
 //! Needs to mount a tmpfs (root, as on the project's CI machines); skipped, saying why,
 //! where mounting is not allowed.
 
-use std::path::Path;
+mod common;
 
 use proto::partition_leader_client::PartitionLeaderClient;
 use proto::{ErrorCode, ProduceRequest};
-use testkit::process::Node;
 use testkit::requests::{self, code, values};
 use testkit::tmpfs::Tmpfs;
+
+use common::{connect_process, spawn_leader_process};
 use tonic::transport::Channel;
-
-fn spawn_leader(dir: &Path, addr: &str, log: &Path) -> Node {
-    Node::spawn(
-        env!("CARGO_BIN_EXE_partition-leader"),
-        101,
-        addr,
-        dir,
-        "partition_leader",
-        log,
-    )
-}
-
-async fn connect(addr: &str) -> PartitionLeaderClient<Channel> {
-    let endpoint = format!("http://{addr}");
-    testkit::eventually("leader process up", || {
-        let endpoint = endpoint.clone();
-        async move {
-            let mut client = PartitionLeaderClient::connect(endpoint).await.ok()?;
-            let r = client
-                .fetch(requests::fetch("t", 0, 0, false, 1, 0))
-                .await
-                .ok()?;
-            (r.into_inner().error_code == 0).then_some(client)
-        }
-    })
-    .await
-}
 
 /// Every record of partition 0, in order, with its offset (fetched 1 MiB at a time).
 async fn read_all(client: &mut PartitionLeaderClient<Channel>) -> Vec<(i64, String)> {
@@ -105,8 +79,8 @@ async fn a_full_disk_refuses_the_write_and_loses_nothing_acknowledged() {
     )
     .unwrap();
     let first_log = dir.path().join("first.log");
-    let process = spawn_leader(dir.path(), &addr, &first_log);
-    let mut client = connect(&addr).await;
+    let process = spawn_leader_process(dir.path(), &addr, &first_log);
+    let mut client = connect_process(&addr).await;
 
     // Batches of 64 KiB until the disk refuses one.
     let mut acknowledged = Vec::new();
@@ -165,8 +139,8 @@ async fn a_full_disk_refuses_the_write_and_loses_nothing_acknowledged() {
     // SIGKILL and restart: all of it is there, and a late retry of the once-refused batch is
     // a duplicate, answered with its offset, not written twice.
     process.kill();
-    let _process = spawn_leader(dir.path(), &addr, &dir.path().join("second.log"));
-    let mut client = connect(&addr).await;
+    let _process = spawn_leader_process(dir.path(), &addr, &dir.path().join("second.log"));
+    let mut client = connect_process(&addr).await;
     assert_eq!(read_all(&mut client).await, expected);
     let r = produce(&mut client, refused).await;
     assert_eq!((code(r.error_code), r.base_offset), (ErrorCode::None, next));

@@ -3,40 +3,14 @@
 //! partitions, flushes shared) has every acknowledged record at its acknowledged offset after a
 //! restart.
 
+mod common;
+
 use std::collections::BTreeMap;
 
-use proto::partition_leader_client::PartitionLeaderClient;
+use common::{connect_process, spawn_leader_process};
+
 use proto::{ErrorCode, ProduceRequest};
-use testkit::process::Node;
 use testkit::requests::{self, code, values};
-use tonic::transport::Channel;
-
-fn spawn_leader(dir: &std::path::Path, addr: &str, log: &std::path::Path) -> Node {
-    Node::spawn(
-        env!("CARGO_BIN_EXE_partition-leader"),
-        101,
-        addr,
-        dir,
-        "partition_leader",
-        log,
-    )
-}
-
-async fn connect(addr: &str) -> PartitionLeaderClient<Channel> {
-    let endpoint = format!("http://{addr}");
-    testkit::eventually("leader process up", || {
-        let endpoint = endpoint.clone();
-        async move {
-            let mut client = PartitionLeaderClient::connect(endpoint).await.ok()?;
-            let r = client
-                .fetch(requests::fetch("t", 0, 0, false, 1, 0))
-                .await
-                .ok()?;
-            (r.into_inner().error_code == 0).then_some(client)
-        }
-    })
-    .await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_after_group_commits_loses_no_acknowledged_record() {
@@ -56,8 +30,8 @@ async fn sigkill_after_group_commits_loses_no_acknowledged_record() {
     )
     .unwrap();
     let first_log = dir.path().join("first.log");
-    let process = spawn_leader(dir.path(), &addr, &first_log);
-    let client = connect(&addr).await;
+    let process = spawn_leader_process(dir.path(), &addr, &first_log);
+    let client = connect_process(&addr).await;
 
     // Idempotent producers, all at once, each on partition pid % 3; every reply acknowledges
     // that its batch is durable at the offset it names.
@@ -112,8 +86,8 @@ async fn sigkill_after_group_commits_loses_no_acknowledged_record() {
     assert!(flushes < total, "{flushes} flushes for {total} writes");
 
     let second_log = dir.path().join("second.log");
-    let _process = spawn_leader(dir.path(), &addr, &second_log);
-    let mut client = connect(&addr).await;
+    let _process = spawn_leader_process(dir.path(), &addr, &second_log);
+    let mut client = connect_process(&addr).await;
     let mut logs = BTreeMap::new();
     for partition in 0..3 {
         let r = client

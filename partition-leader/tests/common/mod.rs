@@ -215,3 +215,38 @@ pub async fn snapshot(
         describe(c, partition).await,
     )
 }
+
+/// Starts the partition-leader binary as leader 101 at `addr`, with `dir/data` and
+/// `dir/topology.toml` (a process a test can SIGKILL), logging to `log`.
+pub fn spawn_leader_process(
+    dir: &std::path::Path,
+    addr: &str,
+    log: &std::path::Path,
+) -> testkit::process::Node {
+    testkit::process::Node::spawn(
+        env!("CARGO_BIN_EXE_partition-leader"),
+        101,
+        addr,
+        dir,
+        "partition_leader",
+        log,
+    )
+}
+
+/// Connects to a leader process started by [`spawn_leader_process`] once it serves partition 0
+/// of topic `t`.
+pub async fn connect_process(addr: &str) -> PartitionLeaderClient<Channel> {
+    let endpoint = format!("http://{addr}");
+    testkit::eventually("leader process up", || {
+        let endpoint = endpoint.clone();
+        async move {
+            let mut client = PartitionLeaderClient::connect(endpoint).await.ok()?;
+            let r = client
+                .fetch(testkit::requests::fetch("t", 0, 0, false, 1, 0))
+                .await
+                .ok()?;
+            (r.into_inner().error_code == 0).then_some(client)
+        }
+    })
+    .await
+}
