@@ -197,7 +197,9 @@ fn io(what: &str, e: std::io::Error) -> Error {
 impl SledStorage {
     /// Opens (or creates) the database and the log directory in `dir`.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
-        let db = sled::Config::new().path(dir.as_ref()).open()?;
+        // Waits, as the coordinator does, for a previous instance to release sled's lock.
+        let db = cluster::node::open_sled(dir.as_ref(), cluster::node::SLED_LOCK_WAIT)
+            .map_err(|e| io("opening sled", e))?;
         let logs_dir = dir.as_ref().join("logs");
         std::fs::create_dir_all(&logs_dir).map_err(|e| io("creating the log directory", e))?;
         Ok(Self {
