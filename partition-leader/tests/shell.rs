@@ -726,6 +726,61 @@ async fn health_reflection_and_metrics_of_a_leader() {
     task.await.unwrap().unwrap();
 }
 
+/// A storage problem that fails no write (the engine's checkpoints failing) turns the health
+/// check NOT_SERVING, while Produce goes on being served.
+#[tokio::test]
+async fn a_storage_problem_turns_the_health_check_not_serving() {
+    use testkit::standard::health;
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    let storage = Arc::new(MemoryStorage::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(partition_leader::serve_with(
+        config(),
+        storage.clone(),
+        Arc::new(FakeVerifier::default()),
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let service = "minibroker.v1.PartitionLeader";
+    testkit::poll::wait_until(Duration::from_secs(10), "SERVING", || {
+        let addr = addr.clone();
+        async move { health(&addr, service).await == Ok(ServingStatus::Serving) }
+    })
+    .await;
+    // Still SERVING a second later: nothing is wrong yet.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(health(&addr, service).await, Ok(ServingStatus::Serving));
+
+    storage.set_problem(Some("checkpoints stopped"));
+    testkit::poll::wait_until(Duration::from_secs(10), "NOT_SERVING", || {
+        let addr = addr.clone();
+        async move { health(&addr, service).await == Ok(ServingStatus::NotServing) }
+    })
+    .await;
+    let mut client =
+        proto::partition_leader_client::PartitionLeaderClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+    let r = client
+        .produce(ProduceRequest {
+            topic: "t".into(),
+            partition: 0,
+            batch: Some(batch(1, 0, 0, &["a"], false)),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(r.error_code), ErrorCode::None);
+
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
 /// Group commit: writes of several producers and partitions, one of them the next batch of a
 /// producer whose previous batch is still waiting, are all appended while one flush is held; none
 /// is answered or readable before a flush covers it; then at most two flushes answer them all. A

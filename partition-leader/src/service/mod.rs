@@ -657,6 +657,29 @@ pub async fn serve_with(
     serve_inner(config, storage, verifier, listener, None, shutdown).await
 }
 
+/// How often the health check looks at [`Storage::problem`].
+const PROBLEM_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Turns the health check NOT_SERVING (for good: the fix is a restart) once the storage
+/// reports a problem that fails no write, e.g. its checkpoints failing; ends at stop.
+async fn watch_storage(
+    storage: Arc<dyn Storage>,
+    health: NodeHealth,
+    mut stopping: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stopping.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(PROBLEM_CHECK_INTERVAL) => {}
+        }
+        if let Some(problem) = storage.problem() {
+            tracing::error!("storage problem, health NOT_SERVING until restart: {problem}");
+            health.set_serving(false).await;
+            return;
+        }
+    }
+}
+
 async fn serve_inner(
     config: LeaderConfig,
     storage: Arc<dyn Storage>,
@@ -668,6 +691,7 @@ async fn serve_inner(
     let (stop_tx, stop_rx) = watch::channel(false);
     let node_id = config.node_id;
     let topology = config.topology.clone();
+    let watched = storage.clone();
     let service =
         blocking(move || LeaderService::open(&config, storage, verifier, stop_rx)).await?;
     let address = listener
@@ -686,6 +710,7 @@ async fn serve_inner(
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
     health.set_serving(true).await;
     let _ = service.inner.health.set(health.clone());
+    tokio::spawn(watch_storage(watched, health.clone(), service.stopping()));
     let kafka = kafka_listener.map(|kafka_listener| {
         let kafka_config = kafka_wire::ServerConfig::new(node_id, topology.clone());
         let handler = Arc::new(crate::kafka::KafkaLeader::new(service.clone()));

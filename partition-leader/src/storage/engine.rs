@@ -33,6 +33,12 @@
 //! success). The service then takes the partition offline at its next write (its reload fails),
 //! and the health check turns NOT_SERVING, as Kafka takes a failed log directory offline.
 //!
+//! A failed checkpoint (sled's errors, a full disk among them, last until restart) fails no
+//! write: the files are the truth. Checkpoints stop until restart, and what they would have
+//! written is no longer kept in memory (it would grow without bound); [`Storage::problem`]
+//! reports it, so the health check turns NOT_SERVING, and a restart replays the files from the
+//! last good checkpoint.
+//!
 //! CAVEATS: one file per partition, no segments, retention or index files (the index lives in
 //! memory and in sled); a read takes the whole frame holding the offset asked for.
 
@@ -184,6 +190,13 @@ pub struct SledStorage {
     flushing: Mutex<()>,
     /// A fdatasync failed: nothing is known to be durable any more.
     poisoned: AtomicBool,
+    /// A checkpoint failed (sled's errors last until restart): no more checkpoints are written
+    /// or kept in memory, a restart replays the files from the last good one; the health check
+    /// reports it ([`Storage::problem`]).
+    checkpoints_stopped: Mutex<Option<String>>,
+    /// Test hook: checkpoints fail.
+    #[cfg(test)]
+    fail_checkpoints: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -208,6 +221,9 @@ impl SledStorage {
             logs: Mutex::new(HashMap::new()),
             flushing: Mutex::new(()),
             poisoned: AtomicBool::new(false),
+            checkpoints_stopped: Mutex::new(None),
+            #[cfg(test)]
+            fail_checkpoints: AtomicBool::new(false),
         })
     }
 
@@ -224,6 +240,44 @@ impl SledStorage {
     #[cfg(test)]
     pub(super) fn poison(&self) {
         self.poisoned.store(true, Ordering::SeqCst);
+    }
+
+    #[cfg(test)]
+    pub(super) fn fail_checkpoints(&self) {
+        self.fail_checkpoints.store(true, Ordering::SeqCst);
+    }
+
+    /// Checkpoint entries held in memory, waiting for a checkpoint (all partitions).
+    #[cfg(test)]
+    pub(super) fn uncheckpointed(&self) -> usize {
+        lock(&self.logs)
+            .values()
+            .map(|l| lock(l).pending.len())
+            .sum()
+    }
+
+    /// Writes a checkpoint unless checkpoints stopped; the first failure stops them (see
+    /// `checkpoints_stopped`).
+    fn try_checkpoint(&self, tp: &TopicPartition, trees: &Trees, writes: &[Uncheckpointed]) {
+        if writes.is_empty() || lock(&self.checkpoints_stopped).is_some() {
+            return;
+        }
+        #[cfg(test)]
+        let result = if self.fail_checkpoints.load(Ordering::SeqCst) {
+            Err(Error::Storage("injected checkpoint failure".into()))
+        } else {
+            Self::checkpoint(tp, trees, writes)
+        };
+        #[cfg(not(test))]
+        let result = Self::checkpoint(tp, trees, writes);
+        if let Err(e) = result {
+            tracing::error!(
+                partition = %tp,
+                "checkpoint failed, checkpoints stopped until restart (writes go on; a restart \
+                 replays the log files from the last checkpoint): {e}"
+            );
+            lock(&self.checkpoints_stopped).get_or_insert_with(|| format!("{tp}: {e}"));
+        }
     }
 
     pub(super) fn trees(&self, tp: &TopicPartition) -> Result<Trees> {
@@ -428,9 +482,7 @@ impl Drop for SledStorage {
             let synced = l.synced;
             let durable = l.pending.iter().take_while(|w| w.end <= synced).count();
             let writes: Vec<_> = l.pending.drain(..durable).collect();
-            if let Err(e) = Self::checkpoint(tp, &l.trees, &writes) {
-                tracing::warn!(partition = %tp, "checkpoint at close failed: {e}");
-            }
+            self.try_checkpoint(tp, &l.trees, &writes);
         }
         if let Err(e) = self.db.flush() {
             tracing::warn!("flushing the checkpoints at close failed: {e}");
@@ -439,6 +491,12 @@ impl Drop for SledStorage {
 }
 
 impl Storage for SledStorage {
+    fn problem(&self) -> Option<String> {
+        lock(&self.checkpoints_stopped)
+            .as_ref()
+            .map(|e| format!("checkpoints stopped after a failure, restart the leader: {e}"))
+    }
+
     fn load(&self, tp: &TopicPartition) -> Result<LoadedPartition> {
         self.check_poisoned()?;
         let log = self.log(tp)?;
@@ -554,6 +612,7 @@ impl Storage for SledStorage {
     fn flush(&self) -> Result<()> {
         let _one_at_a_time = lock(&self.flushing);
         self.check_poisoned()?;
+        let stopped = lock(&self.checkpoints_stopped).is_some();
         let logs: Vec<_> = lock(&self.logs)
             .iter()
             .map(|(tp, log)| (tp.clone(), log.clone()))
@@ -563,7 +622,11 @@ impl Storage for SledStorage {
         for (tp, log) in logs {
             let mut l = lock(&log);
             if l.end > l.synced {
-                let writes = if l.checkpoint_due() {
+                let writes = if stopped {
+                    // Nothing will checkpoint them: not kept (memory stays bounded).
+                    l.pending.clear();
+                    Vec::new()
+                } else if l.checkpoint_due() {
                     l.checkpointed_at = std::time::Instant::now();
                     std::mem::take(&mut l.pending)
                 } else {
@@ -584,14 +647,8 @@ impl Storage for SledStorage {
         }
         // Everything synced is durable now; the checkpoints only shorten the next start, so a
         // failed one fails no write (the next start replays more of the file).
-        for (tp, log, _, trees, _, writes) in synced {
-            if let Err(e) = Self::checkpoint(&tp, &trees, &writes) {
-                tracing::warn!(partition = %tp, "checkpoint failed (a start replays more): {e}");
-                // Back in front, so a later checkpoint still covers them in order.
-                let mut l = lock(&log);
-                let newer = std::mem::replace(&mut l.pending, writes);
-                l.pending.extend(newer);
-            }
+        for (tp, _, _, trees, _, writes) in synced {
+            self.try_checkpoint(&tp, &trees, &writes);
         }
         Ok(())
     }

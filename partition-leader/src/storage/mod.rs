@@ -105,6 +105,11 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<()>;
     /// Makes everything appended so far durable.
     fn flush(&self) -> Result<()>;
+    /// A fault that fails no write but needs an operator (a restart), e.g. the engine's
+    /// checkpoints failing: the health check turns NOT_SERVING while there is one.
+    fn problem(&self) -> Option<String> {
+        None
+    }
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -377,6 +382,7 @@ pub struct MemoryStorage {
     appends: AtomicU64,
     flushes: AtomicU64,
     fail_loads: AtomicBool,
+    problem: Mutex<Option<String>>,
 }
 
 impl MemoryStorage {
@@ -415,6 +421,12 @@ impl MemoryStorage {
     /// Makes every following load fail.
     pub fn set_fail_loads(&self, fail: bool) {
         self.fail_loads.store(fail, Ordering::SeqCst);
+    }
+
+    /// Reports `problem` from [`Storage::problem`] (as the engine does when its checkpoints
+    /// fail).
+    pub fn set_problem(&self, problem: Option<&str>) {
+        *self.problem.lock().unwrap_or_else(|e| e.into_inner()) = problem.map(str::to_string);
     }
 }
 
@@ -473,6 +485,13 @@ impl Storage for MemoryStorage {
             }
         }
         Ok(())
+    }
+
+    fn problem(&self) -> Option<String> {
+        self.problem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn flush(&self) -> Result<()> {
@@ -890,6 +909,48 @@ mod tests {
         let s = SledStorage::open(dir.path()).unwrap();
         assert_eq!(s.load(&tp).unwrap(), before);
         s.write(&tp, &writes[1]).unwrap();
+    }
+
+    /// A failed checkpoint fails no write: it stops the checkpoints (sled's errors last until
+    /// restart), keeps nothing more in memory for them, reports the problem, and a restart
+    /// replays the log file from the last good checkpoint.
+    #[test]
+    fn sled_a_failed_checkpoint_stops_checkpoints_and_fails_no_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let tp = TopicPartition::new("t", 0);
+        let writes = sample_writes();
+        let s = SledStorage::open(dir.path()).unwrap();
+        s.fail_checkpoints();
+        s.write(&tp, &writes[0]).unwrap();
+        assert!(s.problem().is_none());
+        assert_eq!(s.uncheckpointed(), 1);
+        // Past the checkpoint interval, so the next flush checkpoints (and fails to).
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        s.write(&tp, &writes[1]).unwrap();
+        let problem = s.problem().expect("a failed checkpoint is reported");
+        assert!(problem.contains("restart"), "{problem}");
+        assert_eq!(s.uncheckpointed(), 0);
+        let third = Write {
+            base_offset: 3,
+            entries: vec![data(8, b"c")],
+            producer: None,
+            aborted: None,
+            high_watermark: 4,
+        };
+        s.write(&tp, &third).unwrap();
+        assert_eq!(
+            s.uncheckpointed(),
+            0,
+            "entries kept for checkpoints that never come"
+        );
+        let before = s.load(&tp).unwrap();
+        let records = collect(&s, &tp, 0, 10);
+        assert_eq!(before.high_watermark, 4);
+        drop(s);
+        let s = SledStorage::open(dir.path()).unwrap();
+        assert!(s.problem().is_none());
+        assert_eq!(s.load(&tp).unwrap(), before);
+        assert_eq!(collect(&s, &tp, 0, 10), records);
     }
 
     /// A write that does not continue the log is refused and changes nothing.
