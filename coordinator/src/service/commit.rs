@@ -40,8 +40,9 @@
 //!
 //! CAVEATS: a failed batch fails every write in it (each waiter gets the error; nothing it
 //! asked for is acknowledged); the queue is unbounded, which is safe only because each entry
-//! is one request waiting for its reply; a panic in the storage engine ends the writer, after
-//! which every write fails (typed error) until restart.
+//! is one request waiting for its reply; a panic in the storage engine on the writer ends the
+//! writer, after which every write fails (typed error) until restart; on an inline write it
+//! fails that request only.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,6 +131,29 @@ impl Inner {
     }
 }
 
+/// A write in progress (inline or the writer's): ends it even if the storage engine panics, so
+/// that the writer is never left waiting for a write that will not finish.
+struct Writing<'a>(&'a Inner);
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.finish_writing();
+    }
+}
+
+/// The writer thread's end, normal or by a panic in the storage engine: closes the queue and
+/// drops what waits in it, so every waiter and every later write gets an error instead of
+/// waiting for a writer that is gone.
+struct WriterGone<'a>(&'a Inner);
+
+impl Drop for WriterGone<'_> {
+    fn drop(&mut self) {
+        let mut queue = lock(&self.0.queue);
+        queue.closed = true;
+        queue.pending.clear();
+    }
+}
+
 /// The group commit: a queue, its writer thread, and the inline path for a lone write.
 pub(super) struct GroupCommit {
     inner: Arc<Inner>,
@@ -190,8 +214,9 @@ impl GroupCommit {
             lone
         };
         if lone {
+            let writing = Writing(inner);
             let result = inner.write(std::slice::from_ref(&meta), true);
-            inner.finish_writing();
+            drop(writing);
             debug!(ok = result.is_ok(), "lone write flushed inline");
             return result.map_err(StorageError::GroupCommit);
         }
@@ -251,6 +276,7 @@ fn stopping() -> StorageError {
 
 /// The writer thread: one batch at a time until the queue is closed, empty and idle.
 fn write_batches(inner: &Inner) {
+    let _gone = WriterGone(inner);
     loop {
         let batch: Vec<Pending> = {
             let mut queue = lock(&inner.queue);
@@ -276,8 +302,9 @@ fn write_batches(inner: &Inner) {
         let waiters: Vec<_> = waiters.into_iter().flatten().collect();
         // Only Complete* writes: the next flush covers them.
         let flush = !waiters.is_empty();
+        let writing = Writing(inner);
         let result = inner.write(&metas, flush);
-        inner.finish_writing();
+        drop(writing);
         if flush {
             debug!(writes, ok = result.is_ok(), "group commit flushed");
         } else {
@@ -314,6 +341,8 @@ mod tests {
         entered: Mutex<std_mpsc::Sender<()>>,
         gate: Mutex<std_mpsc::Receiver<()>>,
         fail: bool,
+        /// The next flushed batch panics (a bug in the storage engine).
+        panic_once: std::sync::atomic::AtomicBool,
     }
 
     impl Storage for Gated {
@@ -334,6 +363,9 @@ mod tests {
             if first {
                 let _ = lock(&self.entered).send(());
                 let _ = lock(&self.gate).recv();
+            }
+            if self.panic_once.swap(false, Ordering::SeqCst) {
+                panic!("storage engine bug");
             }
             if self.fail {
                 return Err(StorageError::Task("disk on fire".into()));
@@ -407,6 +439,7 @@ mod tests {
             entered: Mutex::new(entered_tx),
             gate: Mutex::new(gate_rx),
             fail,
+            panic_once: std::sync::atomic::AtomicBool::new(false),
         });
         (storage, entered_rx, gate_tx)
     }
@@ -560,5 +593,45 @@ mod tests {
             b.producer_id, 8,
             "the older Complete* overwrote the newer write"
         );
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_an_inline_write_does_not_stall_the_writes_after_it() {
+        let (storage, _entered, gate) = gated(false);
+        gate.send(()).unwrap();
+        let failed = Arc::new(watch::channel(false).0);
+        let (commit, writer) = GroupCommit::start(storage.clone(), failed).unwrap();
+        let commit = Arc::new(commit);
+        storage.panic_once.store(true, Ordering::SeqCst);
+        let panicked = tokio::spawn({
+            let commit = commit.clone();
+            async move { commit.put_txn(meta("a")).await }
+        })
+        .await;
+        assert!(
+            panicked.is_err(),
+            "the lone write was written inline and panicked"
+        );
+        let next = tokio::time::timeout(Duration::from_secs(10), commit.put_txn(meta("b"))).await;
+        assert!(matches!(next, Ok(Ok(()))), "{next:?}");
+        commit.close();
+        GroupCommit::join(writer).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_the_writer_fails_every_write_instead_of_stalling_them() {
+        let (storage, _entered, gate) = gated(false);
+        gate.send(()).unwrap();
+        let failed = Arc::new(watch::channel(false).0);
+        let (commit, writer) = GroupCommit::start(storage.clone(), failed).unwrap();
+        storage.panic_once.store(true, Ordering::SeqCst);
+        let first = commit.submit(meta("a")).unwrap();
+        assert!(
+            first.await.is_err(),
+            "the writer panicked: no answer but an error"
+        );
+        let next = tokio::time::timeout(Duration::from_secs(10), commit.put_txn(meta("b"))).await;
+        assert!(matches!(next, Ok(Err(_))), "{next:?}");
+        assert!(GroupCommit::join(writer).await.is_err());
     }
 }
