@@ -4,6 +4,10 @@
 //! the health check turns NOT_SERVING (reads of what is in memory still answer). After a
 //! SIGKILL and a restart with room again, all of it is there and it serves as before.
 //!
+//! A KIP-447 pending offset (a Kafka client's TxnOffsetCommit, recorded durably at the group's
+//! coordinator before the transaction carries it) that cannot be written is refused and not
+//! left pending in memory.
+//!
 //! Needs to mount a tmpfs (root, as on the project's CI machines); skipped, saying why,
 //! where mounting is not allowed.
 
@@ -17,12 +21,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_the_transition_and_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let disk = match Tmpfs::mount(&dir.path().join("data"), "2m") {
-        Ok(disk) => disk,
-        Err(why) => {
-            eprintln!("skipped: cannot mount a tmpfs here ({why})");
-            return;
-        }
+    let Some(disk) = small_disk(dir.path(), "2m") else {
+        return;
     };
     let addr = testkit::process::free_address();
     std::fs::write(
@@ -101,4 +101,73 @@ async fn a_full_disk_refuses_the_transition_and_loses_nothing_acknowledged() {
         .await;
     assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
     assert_eq!((r.producer_id, r.producer_epoch), (*pid, *epoch + 1));
+}
+
+/// Mounts a tmpfs of `size` at `dir/data`; `None` (the test is skipped, saying why) where
+/// mounting is not allowed.
+fn small_disk(dir: &std::path::Path, size: &str) -> Option<Tmpfs> {
+    match Tmpfs::mount(&dir.join("data"), size) {
+        Ok(disk) => Some(disk),
+        Err(why) => {
+            eprintln!("skipped: cannot mount a tmpfs here ({why})");
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_offset_that_cannot_be_written_is_refused_and_not_left_pending() {
+    use testkit::kafka::{offset_fetch_v7, OffsetTxn};
+    let dir = tempfile::tempdir().unwrap();
+    let Some(disk) = small_disk(dir.path(), "2m") else {
+        return;
+    };
+    let (addr, kafka) = (
+        testkit::process::free_address(),
+        testkit::process::free_address(),
+    );
+    std::fs::write(
+        dir.path().join("topology.toml"),
+        format!(
+            "transaction_state_partitions = 8\n\
+             [[coordinators]]\nid = 1\naddress = \"{addr}\"\nkafka_address = \"{kafka}\"\n\
+             [[leaders]]\nid = 101\naddress = \"127.0.0.1:1\"\n\
+             [[topics]]\nname = \"input\"\nleaders = [101]\n"
+        ),
+    )
+    .unwrap();
+    let extra = ["--kafka-listen", kafka.as_str()];
+    let log = dir.path().join("first.log");
+    let process = spawn_coordinator_with_args(dir.path(), &addr, &log, &extra);
+    let client = connect(&addr).await;
+    let kafka: std::net::SocketAddr = kafka.parse().unwrap();
+    let group = "pending-group";
+    let t = OffsetTxn::init(kafka, kafka, "pending-txn", group).await;
+    t.add_offsets().await;
+
+    // Fill the disk with transactional ids until sled refuses one (after that it refuses every
+    // write until restart).
+    let id = |i: usize| format!("{i:0>250}");
+    for i in 0.. {
+        assert!(i < 50_000, "2 MiB never filled up");
+        let r = Txn::new(client.clone(), &id(i))
+            .init_raw(60_000, (-1, -1))
+            .await;
+        if code(r.error_code) != ErrorCode::None {
+            break;
+        }
+    }
+    // The group's coordinator cannot record the commit as pending: refused (KAFKA_STORAGE_ERROR),
+    // and nothing stays pending in memory: a stable OffsetFetch answers at once (it would get
+    // UNSTABLE_OFFSET_COMMIT, 88, until a marker that never comes).
+    assert_eq!(t.commit_offset("", -1, 5).await, 56, "KAFKA_STORAGE_ERROR");
+    assert_eq!(offset_fetch_v7(kafka, group, true).await, (0, (0, -1)));
+
+    // Nor on disk: after room, a SIGKILL and a restart, still nothing pending.
+    disk.resize("64m");
+    process.kill();
+    let log = dir.path().join("second.log");
+    let _process = spawn_coordinator_with_args(dir.path(), &addr, &log, &extra);
+    connect(&addr).await;
+    assert_eq!(offset_fetch_v7(kafka, group, true).await, (0, (0, -1)));
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use integration_tests::{cluster, config, read_topic, tp};
 use producer_client::{IdempotentProducer, Isolation};
 use serde_json::Value;
+use testkit::kafka::{call as kafka_call, offset_fetch_v7, OffsetTxn};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -634,38 +635,6 @@ async fn bench_confluent_kafka_producer_vs_grpc_produce() {
 // ---- admin APIs over the raw Kafka protocol ---------------------------------------------------
 
 /// One request/response over a fresh Kafka connection, encoded and decoded with `kafka-protocol`.
-async fn kafka_call(
-    address: std::net::SocketAddr,
-    key: kafka_protocol::messages::ApiKey,
-    version: i16,
-    request: kafka_protocol::messages::RequestKind,
-) -> kafka_protocol::messages::ResponseKind {
-    use kafka_protocol::messages::{RequestHeader, ResponseHeader, ResponseKind};
-    use kafka_protocol::protocol::{Decodable, Encodable};
-    let mut header = RequestHeader::default();
-    header.request_api_key = key as i16;
-    header.request_api_version = version;
-    header.correlation_id = 42;
-    header.client_id = Some(kafka_wire::str_bytes("test"));
-    let mut body = bytes::BytesMut::new();
-    header
-        .encode(&mut body, key.request_header_version(version))
-        .unwrap();
-    request.encode(&mut body, version).unwrap();
-    let mut s = TcpStream::connect(address).await.unwrap();
-    s.write_all(&(body.len() as i32).to_be_bytes())
-        .await
-        .unwrap();
-    s.write_all(&body).await.unwrap();
-    let len = s.read_i32().await.unwrap();
-    let mut frame = vec![0u8; len as usize];
-    s.read_exact(&mut frame).await.unwrap();
-    let mut frame = bytes::Bytes::from(frame);
-    let header = ResponseHeader::decode(&mut frame, key.response_header_version(version)).unwrap();
-    assert_eq!(header.correlation_id, 42);
-    ResponseKind::decode(key, &mut frame, version).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transactions_and_producers_are_described_over_the_kafka_protocol() {
     use kafka_protocol::messages::*;
@@ -775,132 +744,21 @@ async fn transactions_and_producers_are_described_over_the_kafka_protocol() {
     cluster.shutdown().await.unwrap();
 }
 
-/// A Kafka-protocol transactional producer (transaction version 1, as a Kafka client) that
-/// commits offsets of `group` for input-0, speaking to the coordinators directly.
-struct OffsetTxn {
+/// A [`OffsetTxn`] for `txn` committing offsets of `group`, at their coordinators.
+async fn offset_txn(
+    cluster: &minibroker::EmbeddedCluster,
     txn: &'static str,
     group: &'static str,
-    txn_coordinator: std::net::SocketAddr,
-    group_coordinator: std::net::SocketAddr,
-    producer: (i64, i16),
+) -> OffsetTxn {
+    let txn_coordinator = cluster.kafka_address(cluster.coordinator_for(txn)).unwrap();
+    let group_coordinator = cluster
+        .kafka_address(cluster.coordinator_for(group))
+        .unwrap();
+    OffsetTxn::init(txn_coordinator, group_coordinator, txn, group).await
 }
 
 fn str_bytes(v: &str) -> kafka_protocol::protocol::StrBytes {
     kafka_wire::str_bytes(v)
-}
-
-impl OffsetTxn {
-    /// InitProducerId for `txn`.
-    async fn init(
-        cluster: &minibroker::EmbeddedCluster,
-        txn: &'static str,
-        group: &'static str,
-    ) -> Self {
-        use kafka_protocol::messages::*;
-        let txn_coordinator = cluster.kafka_address(cluster.coordinator_for(txn)).unwrap();
-        let group_coordinator = cluster
-            .kafka_address(cluster.coordinator_for(group))
-            .unwrap();
-        let mut init = InitProducerIdRequest::default();
-        init.transactional_id = Some(TransactionalId(str_bytes(txn)));
-        init.transaction_timeout_ms = 60_000;
-        let ResponseKind::InitProducerId(init) = kafka_call(
-            txn_coordinator,
-            ApiKey::InitProducerId,
-            4,
-            RequestKind::InitProducerId(init),
-        )
-        .await
-        else {
-            panic!("InitProducerId response")
-        };
-        assert_eq!(init.error_code, 0);
-        Self {
-            txn,
-            group,
-            txn_coordinator,
-            group_coordinator,
-            producer: (init.producer_id.0, init.producer_epoch),
-        }
-    }
-
-    /// AddOffsetsToTxn for the group.
-    async fn add_offsets(&self) {
-        use kafka_protocol::messages::*;
-        let mut add = AddOffsetsToTxnRequest::default();
-        add.transactional_id = TransactionalId(str_bytes(self.txn));
-        add.producer_id = ProducerId(self.producer.0);
-        add.producer_epoch = self.producer.1;
-        add.group_id = GroupId(str_bytes(self.group));
-        let ResponseKind::AddOffsetsToTxn(added) = kafka_call(
-            self.txn_coordinator,
-            ApiKey::AddOffsetsToTxn,
-            3,
-            RequestKind::AddOffsetsToTxn(add),
-        )
-        .await
-        else {
-            panic!("AddOffsetsToTxn response")
-        };
-        assert_eq!(added.error_code, 0);
-    }
-
-    /// TxnOffsetCommit of `offset` for input-0 as `member` of `generation` (`-1` and an empty
-    /// member: a group without members); the partition's error code.
-    async fn commit_offset(&self, member: &str, generation: i32, offset: i64) -> i16 {
-        use kafka_protocol::messages::*;
-        let mut c = TxnOffsetCommitRequest::default();
-        c.transactional_id = TransactionalId(str_bytes(self.txn));
-        c.group_id = GroupId(str_bytes(self.group));
-        c.producer_id = ProducerId(self.producer.0);
-        c.producer_epoch = self.producer.1;
-        c.generation_id = generation;
-        c.member_id = str_bytes(member);
-        let mut t = txn_offset_commit_request::TxnOffsetCommitRequestTopic::default();
-        t.name = TopicName(str_bytes("input"));
-        let mut p = txn_offset_commit_request::TxnOffsetCommitRequestPartition::default();
-        p.partition_index = 0;
-        p.committed_offset = offset;
-        t.partitions = vec![p];
-        c.topics = vec![t];
-        let ResponseKind::TxnOffsetCommit(r) = kafka_call(
-            self.group_coordinator,
-            ApiKey::TxnOffsetCommit,
-            3,
-            RequestKind::TxnOffsetCommit(c),
-        )
-        .await
-        else {
-            panic!("TxnOffsetCommit response")
-        };
-        r.topics[0].partitions[0].error_code
-    }
-
-    /// EndTxn, expected to succeed.
-    async fn end(&self, commit: bool) {
-        assert!(self.try_end(commit).await, "EndTxn refused");
-    }
-
-    /// EndTxn; whether it was accepted.
-    async fn try_end(&self, commit: bool) -> bool {
-        use kafka_protocol::messages::*;
-        let mut end = EndTxnRequest::default();
-        end.transactional_id = TransactionalId(str_bytes(self.txn));
-        end.producer_id = ProducerId(self.producer.0);
-        end.producer_epoch = self.producer.1;
-        end.committed = commit;
-        let ResponseKind::EndTxn(ended) = kafka_call(
-            self.txn_coordinator,
-            ApiKey::EndTxn,
-            3,
-            RequestKind::EndTxn(end),
-        )
-        .await
-        else {
-            panic!("EndTxn response")
-        };
-        ended.error_code == 0
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -908,7 +766,7 @@ async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
     use kafka_protocol::messages::*;
     let cluster = cluster().await;
     let (txn, group) = ("kip447-txn", "kip447-group");
-    let t = OffsetTxn::init(&cluster, txn, group).await;
+    let t = offset_txn(&cluster, txn, group).await;
     let group_coordinator = t.group_coordinator;
     let s = str_bytes;
     t.add_offsets().await;
@@ -976,39 +834,6 @@ async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
     cluster.shutdown().await.unwrap();
 }
 
-/// OffsetFetch v7 of input-0 in `group`: the response's error code, and the partition's
-/// (error code, committed offset).
-async fn offset_fetch_v7(
-    group_coordinator: std::net::SocketAddr,
-    group: &str,
-    require_stable: bool,
-) -> (i16, (i16, i64)) {
-    use kafka_protocol::messages::*;
-    let mut f = OffsetFetchRequest::default();
-    f.group_id = GroupId(str_bytes(group));
-    let mut t = offset_fetch_request::OffsetFetchRequestTopic::default();
-    t.name = TopicName(str_bytes("input"));
-    t.partition_indexes = vec![0];
-    f.topics = Some(vec![t]);
-    f.require_stable = require_stable;
-    let ResponseKind::OffsetFetch(r) = kafka_call(
-        group_coordinator,
-        ApiKey::OffsetFetch,
-        7,
-        RequestKind::OffsetFetch(f),
-    )
-    .await
-    else {
-        panic!("OffsetFetch response")
-    };
-    let partition = r
-        .topics
-        .first()
-        .and_then(|t| t.partitions.first())
-        .map_or((-1, -1), |p| (p.error_code, p.committed_offset));
-    (r.error_code, partition)
-}
-
 /// KIP-447 across a restart of the group's coordinator: what is pending is durable, so the
 /// restarted coordinator still answers UNSTABLE_OFFSET_COMMIT until the transaction's marker
 /// arrives. Forgetting it there would hand a consumer taking the partition over the offset
@@ -1017,7 +842,7 @@ async fn offset_fetch_v7(
 async fn pending_transactional_offsets_survive_a_restart_of_the_groups_coordinator() {
     let mut cluster = cluster().await;
     let (txn, group) = ("kip447-restart-txn", "kip447-restart-group");
-    let t = OffsetTxn::init(&cluster, txn, group).await;
+    let t = offset_txn(&cluster, txn, group).await;
     t.add_offsets().await;
     assert_eq!(t.commit_offset("", -1, 5).await, 0);
     assert_eq!(
@@ -1077,7 +902,7 @@ async fn pending_transactional_offsets_survive_a_restart_of_the_groups_coordinat
 async fn a_stable_offset_fetch_waits_for_the_pending_transactional_offsets() {
     let cluster = cluster().await;
     let (txn, group) = ("kip447-stable-txn", "kip447-stable-group");
-    let t = OffsetTxn::init(&cluster, txn, group).await;
+    let t = offset_txn(&cluster, txn, group).await;
     let group_coordinator = t.group_coordinator;
     // One transaction that commits offset `offset` for input-0 (no member id and no
     // generation: a group without members accepts it).

@@ -27,6 +27,7 @@
 pub mod auth;
 pub mod fakes;
 pub mod golden;
+pub mod kafka;
 pub mod logs;
 pub mod poll;
 pub mod process;

@@ -34,6 +34,19 @@ impl Node {
         log_target: &str,
         log: &Path,
     ) -> Self {
+        Self::spawn_with_args(binary, node_id, addr, dir, log_target, log, &[])
+    }
+
+    /// [`Node::spawn`] with `extra` arguments after the usual ones (e.g. `--kafka-listen`).
+    pub fn spawn_with_args(
+        binary: &str,
+        node_id: u32,
+        addr: &str,
+        dir: &Path,
+        log_target: &str,
+        log: &Path,
+        extra: &[&str],
+    ) -> Self {
         let log = std::fs::File::create(log).unwrap();
         let child = Command::new(binary)
             .args(["--node-id", &node_id.to_string(), "--listen", addr])
@@ -41,6 +54,7 @@ impl Node {
             .arg(dir.join("data"))
             .arg("--topology")
             .arg(dir.join("topology.toml"))
+            .args(extra)
             .env("RUST_LOG", format!("{log_target}=debug"))
             .env("CLUSTER_SECRET", crate::auth::TEST_SECRET)
             .env("NO_COLOR", "1")

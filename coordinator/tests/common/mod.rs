@@ -407,13 +407,24 @@ pub fn spawn_coordinator(
     addr: &str,
     log: &std::path::Path,
 ) -> testkit::process::Node {
-    testkit::process::Node::spawn(
+    spawn_coordinator_with_args(dir, addr, log, &[])
+}
+
+/// [`spawn_coordinator`] with `extra` arguments (e.g. `--kafka-listen`).
+pub fn spawn_coordinator_with_args(
+    dir: &std::path::Path,
+    addr: &str,
+    log: &std::path::Path,
+    extra: &[&str],
+) -> testkit::process::Node {
+    testkit::process::Node::spawn_with_args(
         env!("CARGO_BIN_EXE_coordinator"),
         1,
         addr,
         dir,
         "coordinator",
         log,
+        extra,
     )
 }
 
