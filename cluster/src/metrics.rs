@@ -285,6 +285,16 @@ impl Metrics {
         self.inner.transactions.clear();
     }
 
+    /// One transactional id in state `from` is gone (expired).
+    pub fn transaction_state_removed(&self, from: &str) {
+        self.inner
+            .transactions
+            .get_or_create(&StateLabels {
+                state: from.to_string(),
+            })
+            .dec();
+    }
+
     /// Moves one transactional id from state `from` (none: a new id) to state `to`.
     pub fn transaction_state(&self, from: Option<&str>, to: &str) {
         if from == Some(to) {

@@ -63,4 +63,5 @@ pub mod storage;
 pub use error::{error_code, Error};
 pub use service::{
     serve, serve_with_kafka, serve_with_storage, CoordinatorConfig, DEFAULT_MAX_PREPARE_WAIT,
+    DEFAULT_TRANSACTIONAL_ID_EXPIRATION,
 };

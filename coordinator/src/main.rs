@@ -55,6 +55,10 @@ struct Args {
     /// is answered CONCURRENT_TRANSACTIONS, in milliseconds (0: answer at once).
     #[arg(long, env = "MAX_PREPARE_WAIT_MS", default_value_t = coordinator::DEFAULT_MAX_PREPARE_WAIT.as_millis() as u64)]
     max_prepare_wait_ms: u64,
+    /// How long an idle transactional id (no transaction open) is kept after its last change,
+    /// in milliseconds (Kafka's transactional.id.expiration.ms; default 7 days).
+    #[arg(long, env = "TRANSACTIONAL_ID_EXPIRATION_MS", default_value_t = coordinator::DEFAULT_TRANSACTIONAL_ID_EXPIRATION.as_millis() as u64)]
+    transactional_id_expiration_ms: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 0.0.0.0:9404.
     #[arg(long, env = "METRICS_LISTEN")]
     metrics_listen: Option<String>,
@@ -86,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
         )
     })?;
     config.max_prepare_wait = Duration::from_millis(args.max_prepare_wait_ms);
+    config.transactional_id_expiration = Duration::from_millis(args.transactional_id_expiration_ms);
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

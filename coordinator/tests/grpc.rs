@@ -4,6 +4,8 @@
 mod common;
 
 use common::*;
+use std::time::Duration;
+
 use proto::{ErrorCode, TxnState};
 
 #[tokio::test]
@@ -797,4 +799,54 @@ async fn epoch_exhaustion_over_grpc_with_retries_across_a_restart() {
         ErrorCode::ProducerFenced
     );
     assert_eq!(t.add(rotated, vec![tp("t", 0)]).await, ErrorCode::None);
+}
+
+/// transactional.id.expiration.ms: an id idle past the expiration with no transaction open is
+/// removed, durably (gone after a restart too); the next instance gets a NEW PID at epoch 0,
+/// and the old instance's (PID, epoch) is fenced everywhere. An id with a transaction open is
+/// never removed, however long it has been idle.
+#[tokio::test]
+async fn an_idle_transactional_id_expires_and_its_old_instance_stays_fenced() {
+    let mut cluster = Cluster::start_with(1, |c| {
+        c.transactional_id_expiration = Duration::from_millis(600);
+    })
+    .await;
+    let client = cluster.client(1).await;
+    let mut idle = Txn::new(client.clone(), "txn-idle");
+    let old = idle.init().await;
+    let mut open = Txn::new(client.clone(), "txn-open");
+    let open_pe = open.init_with_timeout(60_000).await;
+    assert_eq!(open.add(open_pe, vec![tp("t", 0)]).await, ErrorCode::None);
+
+    let gone = testkit::poll::eventually_within(Duration::from_secs(10), "expired", || {
+        let mut client = client.clone();
+        async move {
+            let d = describe(&mut client, "txn-idle").await;
+            (code(d.error_code) == ErrorCode::InvalidProducerIdMapping).then_some(d)
+        }
+    })
+    .await;
+    assert_eq!(gone.producer_id, -1);
+    // The open transaction is kept, and so is its instance.
+    let d = open.describe().await;
+    assert_eq!(
+        (d.state, d.producer_id),
+        (TxnState::Ongoing as i32, open_pe.0)
+    );
+
+    // Gone on disk too.
+    cluster.restart(1).await;
+    let client = cluster.client(1).await;
+    let d = describe(&mut client.clone(), "txn-idle").await;
+    assert_eq!(code(d.error_code), ErrorCode::InvalidProducerIdMapping);
+
+    // The old instance cannot write; a new one gets a new PID, and the old pair stays fenced.
+    let mut idle = Txn::new(client.clone(), "txn-idle");
+    assert_ne!(idle.add(old, vec![tp("t", 1)]).await, ErrorCode::None);
+    let new = idle.init().await;
+    assert!(new.0 != old.0 && new.1 == 0, "{new:?} after {old:?}");
+    assert_ne!(idle.add(old, vec![tp("t", 1)]).await, ErrorCode::None);
+    assert_eq!(idle.add(new, vec![tp("t", 1)]).await, ErrorCode::None);
+    let mut open = Txn::new(client.clone(), "txn-open");
+    assert_eq!(open.add(open_pe, vec![tp("t", 2)]).await, ErrorCode::None);
 }

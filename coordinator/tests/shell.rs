@@ -48,6 +48,10 @@ impl Storage for TestStorage {
         self.check()?;
         self.inner.put_txn(meta)
     }
+    fn remove_txns(&self, ids: &[String]) -> Result<(), StorageError> {
+        self.check()?;
+        self.inner.remove_txns(ids)
+    }
     fn put_generation(&self, generation: i64) -> Result<(), StorageError> {
         self.check()?;
         self.inner.put_generation(generation)

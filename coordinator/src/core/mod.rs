@@ -106,8 +106,8 @@ pub use markers::{complete_markers, marker_reply, marker_unroutable, MarkerJob, 
 pub use pid::{PidAllocation, PidAllocator, PID_BLOCK_SIZE};
 pub use txn::{
     add_offsets, add_partitions, check_producer, end_txn, end_txn_v1, expire_timed_out,
-    init_producer_id, init_producer_id_for_version, is_timed_out, txn_offset_commit, validate_id,
-    validate_timeout, verify_transaction,
+    init_producer_id, init_producer_id_for_version, is_expired_id, is_timed_out, txn_offset_commit,
+    validate_id, validate_timeout, verify_transaction,
 };
 
 /// A transactional id, chosen by the application.

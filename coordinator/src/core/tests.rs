@@ -1361,3 +1361,32 @@ fn the_epoch_history_keeps_the_last_changes_only() {
     let old: TxnMetadata = serde_json::from_value(json).unwrap();
     assert!(old.history.is_empty());
 }
+
+/// transactional.id.expiration.ms: only an id with no transaction open or being finished, and
+/// only once it has been idle for the whole expiration.
+#[test]
+fn only_a_settled_idle_id_expires() {
+    for state in [
+        TxnState::Empty,
+        TxnState::Ongoing,
+        TxnState::PrepareCommit,
+        TxnState::PrepareAbort,
+        TxnState::CompleteCommit,
+        TxnState::CompleteAbort,
+    ] {
+        let (w, _) = in_state(state);
+        let last = w.meta().last_update_ms;
+        let settled = state.is_settled();
+        assert_eq!(
+            is_expired_id(w.meta(), last + 1000, 1000),
+            settled,
+            "{state:?}"
+        );
+        assert_eq!(
+            is_expired_id(w.meta(), last + 5000, 1000),
+            settled,
+            "{state:?}"
+        );
+        assert!(!is_expired_id(w.meta(), last + 999, 1000), "{state:?}");
+    }
+}

@@ -454,6 +454,14 @@ pub fn is_timed_out(meta: &TxnMetadata, now_ms: i64) -> bool {
         && now_ms.saturating_sub(meta.txn_start_ms) > i64::from(meta.timeout_ms)
 }
 
+/// Whether `meta` may be removed as expired (Kafka's `transactional.id.expiration.ms`): no
+/// transaction open or being finished, and no change for `expiration_ms` or more. Its PID is
+/// never handed out again, so an instance still holding it is fenced everywhere: the
+/// coordinator no longer knows it, and a new instance gets a new PID.
+pub fn is_expired_id(meta: &TxnMetadata, now_ms: i64, expiration_ms: i64) -> bool {
+    meta.state.is_settled() && now_ms.saturating_sub(meta.last_update_ms) >= expiration_ms
+}
+
 /// The timeout scan for one id (section 8): an Ongoing transaction older than its timeout is
 /// fenced (epoch bump, `last_epoch` = the old epoch, `timed_out` set) and moved to PrepareAbort.
 /// Returns `None` when there is nothing to do.

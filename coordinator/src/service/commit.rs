@@ -40,9 +40,9 @@
 //!
 //! CAVEATS: a failed batch fails every write in it (each waiter gets the error; nothing it
 //! asked for is acknowledged); the queue is unbounded, which is safe only because each entry
-//! is one request waiting for its reply; a panic in the storage engine on the writer ends the
-//! writer, after which every write fails (typed error) until restart; on an inline write it
-//! fails that request only.
+//! is one request waiting for its reply; a panic in the storage engine (on the writer or in an
+//! inline write) closes the group commit: every write fails (typed error) and the node is
+//! NOT_SERVING until restart.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,10 +69,18 @@ pub(super) const INLINE_FLUSH_LIMIT: Duration = Duration::from_millis(1);
 #[cfg(test)]
 type Written = oneshot::Receiver<Result<(), String>>;
 
+/// What one queued write does to one id.
+enum TxnWrite {
+    /// Stores its new metadata.
+    Put(TxnMetadata),
+    /// Removes it (an expired id), in order with the writes queued before it.
+    Remove(String),
+}
+
 /// One queued write and the waiter it releases (`None`: a write nobody waits for, which needs
 /// no flush of its own).
 struct Pending {
-    meta: TxnMetadata,
+    write: TxnWrite,
     done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
@@ -101,27 +109,60 @@ struct Inner {
 }
 
 impl Inner {
-    /// Writes one batch: with a flush when someone waits for it, without one for Complete*
-    /// writes alone. A failure marks the storage failed (the node turns NOT_SERVING).
-    fn write(&self, metas: &[TxnMetadata], flush: bool) -> Result<(), String> {
+    /// Writes one batch, in order: with a flush when someone waits for it, without one for
+    /// Complete* writes alone. A failure marks the storage failed (the node turns NOT_SERVING).
+    fn write(&self, writes: Vec<TxnWrite>, flush: bool) -> Result<(), String> {
         let started = Instant::now();
-        let result = if flush {
-            self.storage.put_txns(metas)
-        } else {
-            self.storage.write_txns(metas)
-        }
-        .map_err(|e| e.to_string());
+        let count = writes.len();
+        let result = self.apply(writes, flush).map_err(|e| e.to_string());
         if flush {
             let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.last_flush_us.store(took, Ordering::Relaxed);
             self.last_flush_writes
-                .store(metas.len() as u64, Ordering::Relaxed);
+                .store(count as u64, Ordering::Relaxed);
         }
         if let Err(e) = &result {
-            warn!(writes = metas.len(), error = %e, "group commit failed");
+            warn!(writes = count, error = %e, "group commit failed");
             super::storage_error(&self.failed, e);
         }
         result
+    }
+
+    fn apply(&self, writes: Vec<TxnWrite>, flush: bool) -> Result<(), StorageError> {
+        if writes.iter().all(|w| matches!(w, TxnWrite::Put(_))) {
+            let metas: Vec<TxnMetadata> = writes
+                .into_iter()
+                .filter_map(|w| match w {
+                    TxnWrite::Put(meta) => Some(meta),
+                    TxnWrite::Remove(_) => None,
+                })
+                .collect();
+            return if flush {
+                self.storage.put_txns(&metas)
+            } else {
+                self.storage.write_txns(&metas)
+            };
+        }
+        // A removal among them (rare): runs of stores and the removals in order, one flush.
+        let mut puts = Vec::new();
+        for write in writes {
+            match write {
+                TxnWrite::Put(meta) => puts.push(meta),
+                TxnWrite::Remove(id) => {
+                    if !puts.is_empty() {
+                        self.storage.write_txns(&std::mem::take(&mut puts))?;
+                    }
+                    self.storage.remove_txns(&[id])?;
+                }
+            }
+        }
+        if !puts.is_empty() {
+            self.storage.write_txns(&puts)?;
+        }
+        if flush {
+            self.storage.flush()?;
+        }
+        Ok(())
     }
 
     /// Marks the current write finished and lets the writer at what queued meanwhile.
@@ -132,11 +173,21 @@ impl Inner {
 }
 
 /// A write in progress (inline or the writer's): ends it even if the storage engine panics, so
-/// that the writer is never left waiting for a write that will not finish.
+/// that the writer is never left waiting for a write that will not finish. A panic closes the
+/// group commit first (before the waiters of the batch learn of it): every queued and later
+/// write fails, and the storage is marked failed (NOT_SERVING) until restart, as after a
+/// failed write.
 struct Writing<'a>(&'a Inner);
 
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut queue = lock(&self.0.queue);
+            queue.closed = true;
+            queue.pending.clear();
+            drop(queue);
+            super::storage_error(&self.0.failed, &"the storage engine panicked");
+        }
         self.0.finish_writing();
     }
 }
@@ -215,13 +266,24 @@ impl GroupCommit {
         };
         if lone {
             let writing = Writing(inner);
-            let result = inner.write(std::slice::from_ref(&meta), true);
+            let result = inner.write(vec![TxnWrite::Put(meta)], true);
             drop(writing);
             debug!(ok = result.is_ok(), "lone write flushed inline");
             return result.map_err(StorageError::GroupCommit);
         }
+        self.queued(TxnWrite::Put(meta)).await
+    }
+
+    /// Removes `id` (expired) after every write queued before it; returns once that is
+    /// durable.
+    pub(super) async fn remove_txn(&self, id: String) -> Result<(), StorageError> {
+        self.queued(TxnWrite::Remove(id)).await
+    }
+
+    /// Queues `write` for the writer thread and waits for the flush covering it.
+    async fn queued(&self, write: TxnWrite) -> Result<(), StorageError> {
         let (done, written) = oneshot::channel();
-        self.enqueue(meta, Some(done))?;
+        self.enqueue(write, Some(done))?;
         match written.await {
             Ok(result) => result.map_err(StorageError::GroupCommit),
             Err(_) => Err(StorageError::GroupCommit(
@@ -234,7 +296,7 @@ impl GroupCommit {
     /// made durable by the next flush, which nobody waits for (see the module docs for why
     /// that is enough). Writes of the same id queued later are written after it.
     pub(super) fn queue_txn(&self, meta: TxnMetadata) -> Result<(), StorageError> {
-        self.enqueue(meta, None)
+        self.enqueue(TxnWrite::Put(meta), None)
     }
 
     /// Queues `meta` for the writer thread (synchronously: it is in the queue when this
@@ -242,13 +304,13 @@ impl GroupCommit {
     #[cfg(test)]
     fn submit(&self, meta: TxnMetadata) -> Result<Written, StorageError> {
         let (done, written) = oneshot::channel();
-        self.enqueue(meta, Some(done))?;
+        self.enqueue(TxnWrite::Put(meta), Some(done))?;
         Ok(written)
     }
 
     fn enqueue(
         &self,
-        meta: TxnMetadata,
+        write: TxnWrite,
         done: Option<oneshot::Sender<Result<(), String>>>,
     ) -> Result<(), StorageError> {
         {
@@ -256,7 +318,7 @@ impl GroupCommit {
             if queue.closed {
                 return Err(stopping());
             }
-            queue.pending.push_back(Pending { meta, done });
+            queue.pending.push_back(Pending { write, done });
         }
         self.inner.wake.notify_all();
         Ok(())
@@ -296,14 +358,14 @@ fn write_batches(inner: &Inner) {
             let take = queue.pending.len().min(MAX_BATCH);
             queue.pending.drain(..take).collect()
         };
-        let (metas, waiters): (Vec<_>, Vec<_>) =
-            batch.into_iter().map(|p| (p.meta, p.done)).unzip();
-        let writes = metas.len();
+        let (batch, waiters): (Vec<_>, Vec<_>) =
+            batch.into_iter().map(|p| (p.write, p.done)).unzip();
+        let writes = batch.len();
         let waiters: Vec<_> = waiters.into_iter().flatten().collect();
         // Only Complete* writes: the next flush covers them.
         let flush = !waiters.is_empty();
         let writing = Writing(inner);
-        let result = inner.write(&metas, flush);
+        let result = inner.write(batch, flush);
         drop(writing);
         if flush {
             debug!(writes, ok = result.is_ok(), "group commit flushed");
@@ -375,6 +437,10 @@ mod tests {
         fn write_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
             lock(&self.unflushed).push(metas.len());
             self.inner.put_txns(metas)
+        }
+        fn remove_txns(&self, ids: &[String]) -> Result<(), StorageError> {
+            lock(&self.unflushed).push(ids.len());
+            self.inner.remove_txns(ids)
         }
         fn put_generation(&self, generation: i64) -> Result<(), StorageError> {
             self.inner.put_generation(generation)
@@ -596,11 +662,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_panic_in_an_inline_write_does_not_stall_the_writes_after_it() {
+    async fn a_panic_in_an_inline_write_fails_the_writes_after_it_instead_of_stalling_them() {
         let (storage, _entered, gate) = gated(false);
         gate.send(()).unwrap();
         let failed = Arc::new(watch::channel(false).0);
-        let (commit, writer) = GroupCommit::start(storage.clone(), failed).unwrap();
+        let (commit, writer) = GroupCommit::start(storage.clone(), failed.clone()).unwrap();
         let commit = Arc::new(commit);
         storage.panic_once.store(true, Ordering::SeqCst);
         let panicked = tokio::spawn({
@@ -613,8 +679,8 @@ mod tests {
             "the lone write was written inline and panicked"
         );
         let next = tokio::time::timeout(Duration::from_secs(10), commit.put_txn(meta("b"))).await;
-        assert!(matches!(next, Ok(Ok(()))), "{next:?}");
-        commit.close();
+        assert!(matches!(next, Ok(Err(_))), "{next:?}");
+        assert!(*failed.borrow(), "NOT_SERVING");
         GroupCommit::join(writer).await.unwrap();
     }
 
@@ -623,7 +689,7 @@ mod tests {
         let (storage, _entered, gate) = gated(false);
         gate.send(()).unwrap();
         let failed = Arc::new(watch::channel(false).0);
-        let (commit, writer) = GroupCommit::start(storage.clone(), failed).unwrap();
+        let (commit, writer) = GroupCommit::start(storage.clone(), failed.clone()).unwrap();
         storage.panic_once.store(true, Ordering::SeqCst);
         let first = commit.submit(meta("a")).unwrap();
         assert!(
@@ -632,6 +698,35 @@ mod tests {
         );
         let next = tokio::time::timeout(Duration::from_secs(10), commit.put_txn(meta("b"))).await;
         assert!(matches!(next, Ok(Err(_))), "{next:?}");
+        assert!(*failed.borrow(), "NOT_SERVING");
         assert!(GroupCommit::join(writer).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_removal_lands_after_the_writes_of_its_id_queued_before_it() {
+        let (storage, entered, gate) = gated(false);
+        let failed = Arc::new(watch::channel(false).0);
+        let (commit, writer) = GroupCommit::start(storage.clone(), failed).unwrap();
+        let commit = Arc::new(commit);
+        let first = commit.submit(meta("a")).unwrap();
+        tokio::task::spawn_blocking(move || entered.recv().unwrap())
+            .await
+            .unwrap();
+        // A Complete* of "b" queued behind the busy writer, then "b" expires: the removal must
+        // not be overtaken by the older write (which would bring "b" back on disk).
+        commit.queue_txn(meta("b")).unwrap();
+        let removed = tokio::spawn({
+            let commit = commit.clone();
+            async move { commit.remove_txn("b".to_string()).await }
+        });
+        tokio::task::yield_now().await;
+        gate.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        removed.await.unwrap().unwrap();
+        commit.close();
+        GroupCommit::join(writer).await.unwrap();
+        let stored = storage.load().unwrap().txns;
+        let ids: Vec<_> = stored.iter().map(|m| m.transactional_id.as_str()).collect();
+        assert_eq!(ids, vec!["a"]);
     }
 }

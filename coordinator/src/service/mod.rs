@@ -88,8 +88,10 @@
 //! requester (its address, from the `REQUESTER` task-local the handlers set).
 //!
 //! CAVEATS: DescribeTransactions answers INVALID_PRODUCER_ID_MAPPING for an unknown id (Kafka's
-//! TRANSACTIONAL_ID_NOT_FOUND is not in the proto); ids and group locks are never expired from
-//! memory; a marker writer stopped by a permanent error leaves its id in Prepare*
+//! TRANSACTIONAL_ID_NOT_FOUND is not in the proto); an id idle past
+//! [`CoordinatorConfig::transactional_id_expiration`] is removed by the timeout scan (an
+//! InitProducerId waiting for its lock meanwhile looks it up again and starts it afresh), group
+//! locks are never removed from memory; a marker writer stopped by a permanent error leaves its id in Prepare*
 //! (CONCURRENT_TRANSACTIONS) until the next start retries it; a coordinator whose data directory
 //! is lost restarts at generation 1 and is then fenced by every group (and leader) that saw it
 //! at a higher generation.
@@ -131,6 +133,9 @@ pub use wire::MAX_LIST_LEN;
 /// Default of [`CoordinatorConfig::max_prepare_wait`].
 pub const DEFAULT_MAX_PREPARE_WAIT: Duration = Duration::from_secs(5);
 
+/// Default of [`CoordinatorConfig::transactional_id_expiration`]: 7 days, as Kafka's.
+pub const DEFAULT_TRANSACTIONAL_ID_EXPIRATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// How to run a coordinator.
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
@@ -155,6 +160,10 @@ pub struct CoordinatorConfig {
     /// PrepareAbort) waits for them to complete before it is answered CONCURRENT_TRANSACTIONS
     /// (default 5s, half the client's request timeout; zero answers at once).
     pub max_prepare_wait: Duration,
+    /// How long a transactional id with no transaction open or being finished is kept after
+    /// its last change before it is removed (Kafka's `transactional.id.expiration.ms`,
+    /// default [`DEFAULT_TRANSACTIONAL_ID_EXPIRATION`]); checked by the timeout scan.
+    pub transactional_id_expiration: Duration,
     /// Where this node counts what it does (serve them with [`cluster::metrics::serve_http`]).
     pub metrics: Metrics,
 }
@@ -176,6 +185,7 @@ impl CoordinatorConfig {
             cluster_secret: None,
             peer_check_interval: Duration::from_secs(1),
             max_prepare_wait: DEFAULT_MAX_PREPARE_WAIT,
+            transactional_id_expiration: DEFAULT_TRANSACTIONAL_ID_EXPIRATION,
             metrics: Metrics::new(),
         }
     }
@@ -378,6 +388,9 @@ async fn serve_inner(
 #[derive(Debug, Default)]
 struct IdSlot {
     meta: tokio::sync::Mutex<Option<TxnMetadata>>,
+    /// Set (under `meta`'s lock) when the id expired and the slot left the map: whoever finds
+    /// it set after taking the lock looks the id up again.
+    removed: std::sync::atomic::AtomicBool,
     /// Notified when the id leaves PrepareCommit/PrepareAbort (its markers completed).
     settled: tokio::sync::Notify,
 }
@@ -386,6 +399,7 @@ impl IdSlot {
     fn new(meta: Option<TxnMetadata>) -> Self {
         Self {
             meta: tokio::sync::Mutex::new(meta),
+            removed: std::sync::atomic::AtomicBool::new(false),
             settled: tokio::sync::Notify::new(),
         }
     }

@@ -228,10 +228,17 @@ impl Shared {
         step: impl Fn(Option<&TxnMetadata>, Option<ProducerId>) -> Outcome,
     ) -> Result<ProducerIdAndEpoch, Error> {
         self.check_owner(id)?;
-        let slot = self.slot(id, create);
+        let mut slot = self.slot(id, create);
         let deadline = tokio::time::Instant::now() + self.config.max_prepare_wait;
         loop {
             let mut stored = slot.meta.lock().await;
+            if slot.removed.load(std::sync::atomic::Ordering::SeqCst) {
+                // Expired while this request waited for the lock: the id starts over in a
+                // new slot (an InitProducerId then gets a new PID).
+                drop(stored);
+                slot = self.slot(id, create);
+                continue;
+            }
             let outcome = self
                 .with_fresh_pid(|pid| step(stored.as_ref(), pid))
                 .await?;
@@ -422,8 +429,54 @@ impl Shared {
                 if let Err(e) = self.expire(&mut stored, now).await {
                     warn!(txn_id = %id, error = %e, "aborting a timed-out transaction failed; retrying on the next scan");
                 }
+                if let Err(e) = self.remove_if_expired(&id, &slot, &mut stored, now).await {
+                    warn!(txn_id = %id, error = %e, "removing an expired transactional id failed; retrying on the next scan");
+                }
             }
         }
+    }
+
+    /// The timeout scan's step for one locked id that has been idle past
+    /// [`super::CoordinatorConfig::transactional_id_expiration`] ([`core::is_expired_id`]): removes
+    /// it, durably and after every write of it queued before, then from memory. Its PID is
+    /// never handed out again: a new instance of the id gets a new one, and the old instance is
+    /// fenced by it.
+    async fn remove_if_expired(
+        &self,
+        id: &str,
+        slot: &Slot,
+        stored: &mut Option<TxnMetadata>,
+        now: i64,
+    ) -> Result<(), Error> {
+        let expiration =
+            i64::try_from(self.config.transactional_id_expiration.as_millis()).unwrap_or(i64::MAX);
+        let Some(meta) = stored.as_ref() else {
+            return Ok(());
+        };
+        if !core::is_expired_id(meta, now, expiration) {
+            return Ok(());
+        }
+        self.commit.remove_txn(id.to_string()).await?;
+        let meta = stored.take().expect("checked above");
+        slot.removed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        {
+            let mut map = lock(&self.txns);
+            if map.get(id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+                map.remove(id);
+            }
+        }
+        self.config
+            .metrics
+            .transaction_state_removed(meta.state.name());
+        info!(
+            txn_id = %id,
+            producer_id = meta.producer_id,
+            epoch = meta.producer_epoch,
+            idle_ms = now - meta.last_update_ms,
+            "transactional id expired and removed"
+        );
+        Ok(())
     }
 
     /// The timeout scan's step for one locked id: aborts it if it is an Ongoing transaction
