@@ -20,6 +20,11 @@ struct TestStorage {
     gate: Mutex<bool>,
     opened: Condvar,
     fail_writes: AtomicBool,
+    /// While set, a removal (an expired id) waits in the storage.
+    hold_removals: Mutex<bool>,
+    removals_released: Condvar,
+    /// A removal reached the storage.
+    removal_started: AtomicBool,
 }
 
 impl TestStorage {
@@ -50,6 +55,11 @@ impl Storage for TestStorage {
     }
     fn remove_txns(&self, ids: &[String]) -> Result<(), StorageError> {
         self.check()?;
+        self.removal_started.store(true, Ordering::SeqCst);
+        let mut held = self.hold_removals.lock().unwrap();
+        while *held {
+            held = self.removals_released.wait(held).unwrap();
+        }
         self.inner.remove_txns(ids)
     }
     fn put_generation(&self, generation: i64) -> Result<(), StorageError> {
@@ -119,6 +129,19 @@ async fn serve_on(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<Result<(), coordinator::Error>>,
 ) {
+    serve_on_with(cluster, storage, |_| {}).await
+}
+
+/// [`serve_on`] with the config changed by `tune`.
+async fn serve_on_with(
+    cluster: &Cluster,
+    storage: Arc<TestStorage>,
+    tune: impl FnOnce(&mut coordinator::CoordinatorConfig),
+) -> (
+    Client,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), coordinator::Error>>,
+) {
     // Reuse the cluster's topology but a new listener: node 1's address in the topology is the
     // cluster's own coordinator, which is fine for everything except FindCoordinator.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -127,6 +150,7 @@ async fn serve_on(
         coordinator::CoordinatorConfig::new(1, "/nonexistent", cluster.topology.clone());
     config.cluster_secret = Some(testkit::auth::secret());
     config.marker_retry_backoff = Duration::from_millis(10);
+    tune(&mut config);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(coordinator::serve_with_storage(
         config,
@@ -438,6 +462,45 @@ async fn expired_pending_offsets_are_removed_at_start() {
         .map(|p| (p.producer_id, p.partition))
         .collect();
     assert_eq!(left, vec![(8, cluster::TopicPartition::new("t", 1))]);
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// An InitProducerId that waits for its id's lock while the timeout scan removes the id
+/// (expired) starts the id afresh in the map: a new PID, which the next InitProducerId bumps.
+/// Working on the removed slot instead would store that PID where nothing finds it again, and
+/// the next InitProducerId would hand out yet another PID for the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_init_racing_the_expiry_of_its_id_starts_it_afresh_once() {
+    let cluster = Cluster::start(1).await;
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    *storage.hold_removals.lock().unwrap() = true;
+    let (client, stop, task) = serve_on_with(&cluster, storage.clone(), |c| {
+        c.transactional_id_expiration = Duration::from_millis(1000);
+        c.timeout_scan_interval = Duration::from_millis(20);
+    })
+    .await;
+    let mut t = Txn::new(client.clone(), "txn-expiring");
+    let old = t.init().await;
+    // The scan holds the id's lock while its removal waits in the storage ...
+    eventually("the removal reached the storage", || {
+        let storage = storage.clone();
+        async move { storage.removal_started.load(Ordering::SeqCst).then_some(()) }
+    })
+    .await;
+    // ... and an InitProducerId queues for that lock.
+    let racing = tokio::spawn({
+        let client = client.clone();
+        async move { Txn::new(client, "txn-expiring").init().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    *storage.hold_removals.lock().unwrap() = false;
+    storage.removals_released.notify_all();
+    let fresh = racing.await.unwrap();
+    assert!(fresh.0 != old.0 && fresh.1 == 0, "{fresh:?} after {old:?}");
+    let bumped = t.init().await;
+    assert_eq!(bumped, (fresh.0, 1), "the fresh PID was lost");
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }
