@@ -27,6 +27,11 @@
 //! ids (each cycle is three requests: Init, Add, End) / no-op gRPC requests/s at C in flight,
 //! and CONCURRENT_TRANSACTIONS retries per cycle.
 //!
+//! The same no-op and cycle also run over Kafka's protocol (the coordinator's Kafka listener,
+//! as librdkafka or the Java client use it: ApiVersions as the no-op; InitProducerId v4,
+//! AddPartitionsToTxn v3 and EndTxn v3, transaction version 1), one connection per id, in the
+//! same alternating slices, as context for the gRPC figures.
+//!
 //! CAVEATS: one machine, client and server share the cores; sled's flush cost depends heavily on
 //! the disk (tmpfs vs. a real fsync), so read the ratios more than the absolute numbers.
 
@@ -34,6 +39,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, RequestHeader, RequestKind, ResponseHeader, ResponseKind,
+};
 use proto::cluster_client::ClusterClient;
 use proto::partition_leader_server::{PartitionLeader, PartitionLeaderServer};
 use proto::transaction_coordinator_client::TransactionCoordinatorClient;
@@ -211,6 +219,112 @@ async fn cycle(c: &mut Coord, id: &str, partition: i32, retries: &AtomicU64) {
     assert_eq!(r.error_code, 0, "end: {}", r.error_message);
 }
 
+/// One Kafka-protocol connection, one request at a time.
+struct KafkaConn {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl KafkaConn {
+    async fn connect(addr: std::net::SocketAddr) -> Self {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Self {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    async fn call(&mut self, key: ApiKey, version: i16, request: RequestKind) -> ResponseKind {
+        use kafka_protocol::protocol::{Decodable, Encodable};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut header = RequestHeader::default();
+        header.request_api_key = key as i16;
+        header.request_api_version = version;
+        header.correlation_id = 1;
+        let mut body = bytes::BytesMut::from(&[0u8; 4][..]);
+        header
+            .encode(&mut body, key.request_header_version(version))
+            .expect("encode");
+        request.encode(&mut body, version).expect("encode");
+        let len = (body.len() - 4) as i32;
+        body[..4].copy_from_slice(&len.to_be_bytes());
+        self.stream.write_all(&body).await.expect("write");
+        let len = self.stream.read_i32().await.expect("read") as usize;
+        self.buf.resize(len, 0);
+        self.stream.read_exact(&mut self.buf).await.expect("read");
+        let mut frame = bytes::Bytes::copy_from_slice(&self.buf);
+        ResponseHeader::decode(&mut frame, key.response_header_version(version)).expect("header");
+        ResponseKind::decode(key, &mut frame, version).expect("response")
+    }
+}
+
+fn kafka_str(s: &str) -> kafka_protocol::protocol::StrBytes {
+    kafka_protocol::protocol::StrBytes::from_string(s.to_string())
+}
+
+/// Init (v4) + AddPartitionsToTxn (v3) + EndTxn(COMMIT, v3) over Kafka's protocol.
+async fn kafka_cycle(c: &mut KafkaConn, id: &str, partition: i32, retries: &AtomicU64) {
+    use kafka_protocol::messages::*;
+    let (pid, epoch) = loop {
+        let mut init = InitProducerIdRequest::default();
+        init.transactional_id = Some(TransactionalId(kafka_str(id)));
+        init.transaction_timeout_ms = 60_000;
+        let ResponseKind::InitProducerId(r) = c
+            .call(ApiKey::InitProducerId, 4, RequestKind::InitProducerId(init))
+            .await
+        else {
+            panic!("InitProducerId response")
+        };
+        match r.error_code {
+            0 => break (r.producer_id, r.producer_epoch),
+            51 => {
+                // CONCURRENT_TRANSACTIONS
+                retries.fetch_add(1, Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+            other => panic!("kafka init: {other}"),
+        }
+    };
+    let mut add = AddPartitionsToTxnRequest::default();
+    add.v3_and_below_transactional_id = TransactionalId(kafka_str(id));
+    add.v3_and_below_producer_id = pid;
+    add.v3_and_below_producer_epoch = epoch;
+    let mut topic = add_partitions_to_txn_request::AddPartitionsToTxnTopic::default();
+    topic.name = TopicName(kafka_str("bench"));
+    topic.partitions = vec![partition];
+    add.v3_and_below_topics = vec![topic];
+    let ResponseKind::AddPartitionsToTxn(r) = c
+        .call(
+            ApiKey::AddPartitionsToTxn,
+            3,
+            RequestKind::AddPartitionsToTxn(add),
+        )
+        .await
+    else {
+        panic!("AddPartitionsToTxn response")
+    };
+    let codes: Vec<i16> = r
+        .results_by_topic_v3_and_below
+        .iter()
+        .flat_map(|t| {
+            t.results_by_partition
+                .iter()
+                .map(|p| p.partition_error_code)
+        })
+        .collect();
+    assert!(codes.iter().all(|c| *c == 0), "kafka add: {codes:?}");
+    let mut end = EndTxnRequest::default();
+    end.transactional_id = TransactionalId(kafka_str(id));
+    end.producer_id = pid;
+    end.producer_epoch = epoch;
+    end.committed = true;
+    let ResponseKind::EndTxn(r) = c.call(ApiKey::EndTxn, 3, RequestKind::EndTxn(end)).await else {
+        panic!("EndTxn response")
+    };
+    assert_eq!(r.error_code, 0, "kafka end");
+}
+
 /// What one throughput measurement counted: operations, wall time and the CPU time the whole
 /// process (client, server, sled) used meanwhile.
 #[derive(Clone, Copy, Default)]
@@ -316,9 +430,16 @@ async fn main() -> anyhow::Result<()> {
         coordinator::CoordinatorConfig::new(1, dir.path().join("coordinator"), Arc::new(topology));
     config.cluster_secret = Some(testkit::auth::secret());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(coordinator::serve(config, listener, async move {
-        let _ = stop_rx.await;
-    }));
+    let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let kafka_addr = kafka_listener.local_addr()?;
+    let server = tokio::spawn(coordinator::serve_with_kafka(
+        config,
+        listener,
+        Some(kafka_listener),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
 
     let endpoint = format!("http://{addr}");
     let channel = loop {
@@ -490,6 +611,16 @@ async fn main() -> anyhow::Result<()> {
     let before_retries = retries.load(Ordering::Relaxed);
     let slice = Duration::from_secs(a.seconds) / a.rounds;
     let (mut rpc, mut cycles) = (Tally::empty(), Tally::empty());
+    // The same over Kafka's protocol: one connection per id.
+    let mut conns = Vec::with_capacity(a.concurrency);
+    for _ in 0..a.concurrency {
+        conns.push(tokio::sync::Mutex::new(
+            KafkaConn::connect(kafka_addr).await,
+        ));
+    }
+    let conns = Arc::new(conns);
+    let kafka_retries = Arc::new(AtomicU64::new(0));
+    let (mut kafka_rpc, mut kafka_cycles) = (Tally::empty(), Tally::empty());
     for _ in 0..a.rounds {
         let ch = channels.clone();
         rpc.add(
@@ -518,6 +649,30 @@ async fn main() -> anyhow::Result<()> {
             })
             .await,
         );
+        let c = conns.clone();
+        kafka_rpc.add(
+            throughput(a.concurrency, slice, move |task, _| {
+                let c = c.clone();
+                async move {
+                    let mut conn = c[task].lock().await;
+                    let request = RequestKind::ApiVersions(ApiVersionsRequest::default());
+                    conn.call(ApiKey::ApiVersions, 2, request).await;
+                }
+            })
+            .await,
+        );
+        let (c, r) = (conns.clone(), kafka_retries.clone());
+        kafka_cycles.add(
+            throughput(a.concurrency, slice, move |task, i| {
+                let (c, r) = (c.clone(), r.clone());
+                async move {
+                    let mut conn = c[task].lock().await;
+                    let id = format!("bench-kafka-{task}");
+                    kafka_cycle(&mut conn, &id, (i % 4) as i32, &r).await;
+                }
+            })
+            .await,
+        );
     }
     let cycle_retries = retries.load(Ordering::Relaxed) - before_retries;
     let (rpc_tput, cycle_tput) = (rpc.per_second(), cycles.per_second());
@@ -542,6 +697,19 @@ async fn main() -> anyhow::Result<()> {
         format!("Init+Add+End cycle, {} ids", a.concurrency),
         cycle_tput,
         cycle_retries
+    );
+
+    let (kafka_rpc_tput, kafka_cycle_tput) = (kafka_rpc.per_second(), kafka_cycles.per_second());
+    println!(
+        "{:<44} {:>10.0} ops/s",
+        format!("Kafka protocol no-op (ApiVersions), {}", a.concurrency),
+        kafka_rpc_tput
+    );
+    println!(
+        "{:<44} {:>10.0} cycles/s ({} CONCURRENT_TRANSACTIONS retries)",
+        format!("Kafka protocol Init+Add+End, {} ids", a.concurrency),
+        kafka_cycle_tput,
+        kafka_retries.load(Ordering::Relaxed)
     );
 
     println!("\nratios (p50 latency):");
@@ -594,6 +762,12 @@ async fn main() -> anyhow::Result<()> {
             rpc_cpu
         );
     }
+    println!(
+        "  (context) the same cycle over Kafka's protocol: {:.0} req/s = {:.3} x the gRPC no-op, {:.3} x a Kafka no-op",
+        3.0 * kafka_cycle_tput,
+        3.0 * kafka_cycle_tput / rpc_tput,
+        3.0 * kafka_cycle_tput / kafka_rpc_tput
+    );
     println!(
         "  CONCURRENT_TRANSACTIONS retries per cycle               = {:>6.3}    (target < 0.1; {} in {:.0} cycles)",
         cycle_retries as f64 / cycle_count.max(1.0),
