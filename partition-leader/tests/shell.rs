@@ -620,6 +620,39 @@ async fn concurrent_producers_markers_and_readers_keep_the_invariants() {
     assert_eq!(all.records.len() as i64, all.high_watermark - 10);
 }
 
+/// Serves a leader over `storage` on a fresh loopback port (a fake verifier) and waits until its
+/// health check says SERVING: its address, the stop sender and the serving task.
+async fn serve_until_serving(
+    config: partition_leader::LeaderConfig,
+    storage: Arc<MemoryStorage>,
+) -> (
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), partition_leader::Error>>,
+) {
+    use testkit::standard::health;
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(partition_leader::serve_with(
+        config,
+        storage,
+        Arc::new(FakeVerifier::default()),
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    testkit::poll::wait_until(Duration::from_secs(10), "SERVING", || {
+        let addr = addr.clone();
+        async move { health(&addr, "minibroker.v1.PartitionLeader").await == Ok(ServingStatus::Serving) }
+    })
+    .await;
+    (addr, stop, task)
+}
+
 /// The standard services over real gRPC: SERVING once loaded, NOT_SERVING once a partition went
 /// offline; reflection lists what a leader serves; the node's metrics count the produce, its
 /// rejection and the LSO lag.
@@ -631,24 +664,8 @@ async fn health_reflection_and_metrics_of_a_leader() {
     let storage = Arc::new(MemoryStorage::new());
     let config = config();
     let metrics = config.metrics.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(partition_leader::serve_with(
-        config,
-        storage.clone(),
-        Arc::new(FakeVerifier::default()),
-        listener,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (addr, stop, task) = serve_until_serving(config, storage.clone()).await;
     let service = "minibroker.v1.PartitionLeader";
-    testkit::poll::wait_until(Duration::from_secs(10), "SERVING", || {
-        let addr = addr.clone();
-        async move { health(&addr, service).await == Ok(ServingStatus::Serving) }
-    })
-    .await;
     assert_eq!(
         reflected_services(&addr).await.unwrap(),
         vec![
@@ -734,24 +751,8 @@ async fn a_storage_problem_turns_the_health_check_not_serving() {
     use tonic_health::pb::health_check_response::ServingStatus;
 
     let storage = Arc::new(MemoryStorage::new());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(partition_leader::serve_with(
-        config(),
-        storage.clone(),
-        Arc::new(FakeVerifier::default()),
-        listener,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (addr, stop, task) = serve_until_serving(config(), storage.clone()).await;
     let service = "minibroker.v1.PartitionLeader";
-    testkit::poll::wait_until(Duration::from_secs(10), "SERVING", || {
-        let addr = addr.clone();
-        async move { health(&addr, service).await == Ok(ServingStatus::Serving) }
-    })
-    .await;
     // Still SERVING a second later: nothing is wrong yet.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(health(&addr, service).await, Ok(ServingStatus::Serving));

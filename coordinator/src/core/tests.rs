@@ -1366,14 +1366,7 @@ fn the_epoch_history_keeps_the_last_changes_only() {
 /// only once it has been idle for the whole expiration.
 #[test]
 fn only_a_settled_idle_id_expires() {
-    for state in [
-        TxnState::Empty,
-        TxnState::Ongoing,
-        TxnState::PrepareCommit,
-        TxnState::PrepareAbort,
-        TxnState::CompleteCommit,
-        TxnState::CompleteAbort,
-    ] {
+    for state in ALL {
         let (w, _) = in_state(state);
         let last = w.meta().last_update_ms;
         let settled = state.is_settled();

@@ -387,6 +387,8 @@ fn write_batches(inner: &Inner) {
 mod tests {
     use std::sync::mpsc as std_mpsc;
 
+    use std::thread::JoinHandle;
+
     use super::*;
     use crate::core::{GroupMarkerFence, GroupMarkerWrite, PendingOffsets};
     use crate::storage::{MemoryStorage, Snapshot};
@@ -514,20 +516,60 @@ mod tests {
         TxnMetadata::new(id, 7, 1000, 0)
     }
 
-    /// Runs the scenario: one write inside the storage, three more queued behind it, then
-    /// the storage is released.
-    async fn one_then_three(fail: bool) -> (Arc<Gated>, Vec<Result<(), StorageError>>) {
+    /// A group commit over gated storage whose writer is busy inside a first write ("a",
+    /// through the queue: a lone `put_txn` would write inline, on this test's only thread):
+    /// what is queued now waits behind it until `gate` is sent; `first` resolves after.
+    struct Busy {
+        storage: Arc<Gated>,
+        commit: Arc<GroupCommit>,
+        writer: JoinHandle<()>,
+        failed: Arc<watch::Sender<bool>>,
+        first: Written,
+        gate: std_mpsc::Sender<()>,
+    }
+
+    async fn busy_writer(fail: bool) -> Busy {
         let (storage, entered, gate) = gated(fail);
         let failed = Arc::new(watch::channel(false).0);
         let (commit, writer) = GroupCommit::start(storage.clone(), failed.clone()).unwrap();
         let commit = Arc::new(commit);
-        // Through the queue (a lone `put_txn` would write inline, on this test's only thread).
         let first = commit.submit(meta("a")).unwrap();
-        // Wait until the writer is inside the first batch's write ...
+        // Wait until the writer is inside the first batch's write.
         tokio::task::spawn_blocking(move || entered.recv().unwrap())
             .await
             .unwrap();
-        // ... so these three are queued behind it (`submit` returns once queued).
+        Busy {
+            storage,
+            commit,
+            writer,
+            failed,
+            first,
+            gate,
+        }
+    }
+
+    /// A group commit over ungated storage whose next flushed batch panics.
+    fn panicking() -> (Arc<GroupCommit>, JoinHandle<()>, Arc<watch::Sender<bool>>) {
+        let (storage, _entered, gate) = gated(false);
+        gate.send(()).unwrap();
+        let failed = Arc::new(watch::channel(false).0);
+        let (commit, writer) = GroupCommit::start(storage.clone(), failed.clone()).unwrap();
+        storage.panic_once.store(true, Ordering::SeqCst);
+        (Arc::new(commit), writer, failed)
+    }
+
+    /// Runs the scenario: one write inside the storage, three more queued behind it, then
+    /// the storage is released.
+    async fn one_then_three(fail: bool) -> (Arc<Gated>, Vec<Result<(), StorageError>>) {
+        let Busy {
+            storage,
+            commit,
+            writer,
+            failed,
+            first,
+            gate,
+        } = busy_writer(fail).await;
+        // The three are queued behind the first (`submit` returns once queued).
         let rest: Vec<Written> = ["b", "c", "d"]
             .into_iter()
             .map(|id| commit.submit(meta(id)).unwrap())
@@ -565,15 +607,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_complete_write_rides_the_next_flush_and_alone_is_not_flushed() {
-        let (storage, entered, gate) = gated(false);
-        let failed = Arc::new(watch::channel(false).0);
-        let (commit, writer) = GroupCommit::start(storage.clone(), failed).unwrap();
-        let commit = Arc::new(commit);
-        // Through the queue (a lone `put_txn` would write inline, on this test's only thread).
-        let first = commit.submit(meta("a")).unwrap();
-        tokio::task::spawn_blocking(move || entered.recv().unwrap())
-            .await
-            .unwrap();
+        let Busy {
+            storage,
+            commit,
+            writer,
+            first,
+            gate,
+            ..
+        } = busy_writer(false).await;
         // Queued behind the first flush: a Complete* nobody waits for, then a waited write.
         commit.queue_txn(meta("b")).unwrap();
         let waited = commit.submit(meta("c")).unwrap();
@@ -591,15 +632,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_lone_write_is_flushed_inline_and_load_goes_through_the_writer() {
-        let (storage, entered, gate) = gated(false);
-        let failed = Arc::new(watch::channel(false).0);
-        let (commit, writer) = GroupCommit::start(storage.clone(), failed).unwrap();
-        let commit = Arc::new(commit);
+        let Busy {
+            storage,
+            commit,
+            writer,
+            first,
+            gate,
+            ..
+        } = busy_writer(false).await;
         // A batch of three behind a gated first one: the load is not quiet any more.
-        let first = commit.submit(meta("a")).unwrap();
-        tokio::task::spawn_blocking(move || entered.recv().unwrap())
-            .await
-            .unwrap();
         // While the writer is busy, even a lone request's write is queued, not written inline.
         let queued = tokio::spawn({
             let commit = commit.clone();
@@ -632,14 +673,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_lone_write_never_overtakes_a_queued_complete_write_of_its_id() {
-        let (storage, entered, gate) = gated(false);
-        let failed = Arc::new(watch::channel(false).0);
-        let (commit, writer) = GroupCommit::start(storage.clone(), failed).unwrap();
-        let commit = Arc::new(commit);
-        let first = commit.submit(meta("a")).unwrap();
-        tokio::task::spawn_blocking(move || entered.recv().unwrap())
-            .await
-            .unwrap();
+        let Busy {
+            storage,
+            commit,
+            writer,
+            first,
+            gate,
+            ..
+        } = busy_writer(false).await;
         // The Complete* of "b" is queued behind the busy writer, then "b"'s next transition
         // (as under the id's lock) is written: it must land after the Complete*.
         commit.queue_txn(meta("b")).unwrap();
@@ -663,12 +704,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panic_in_an_inline_write_fails_the_writes_after_it_instead_of_stalling_them() {
-        let (storage, _entered, gate) = gated(false);
-        gate.send(()).unwrap();
-        let failed = Arc::new(watch::channel(false).0);
-        let (commit, writer) = GroupCommit::start(storage.clone(), failed.clone()).unwrap();
-        let commit = Arc::new(commit);
-        storage.panic_once.store(true, Ordering::SeqCst);
+        let (commit, writer, failed) = panicking();
         let panicked = tokio::spawn({
             let commit = commit.clone();
             async move { commit.put_txn(meta("a")).await }
@@ -686,11 +722,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panic_in_the_writer_fails_every_write_instead_of_stalling_them() {
-        let (storage, _entered, gate) = gated(false);
-        gate.send(()).unwrap();
-        let failed = Arc::new(watch::channel(false).0);
-        let (commit, writer) = GroupCommit::start(storage.clone(), failed.clone()).unwrap();
-        storage.panic_once.store(true, Ordering::SeqCst);
+        let (commit, writer, failed) = panicking();
         let first = commit.submit(meta("a")).unwrap();
         assert!(
             first.await.is_err(),
@@ -704,14 +736,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_removal_lands_after_the_writes_of_its_id_queued_before_it() {
-        let (storage, entered, gate) = gated(false);
-        let failed = Arc::new(watch::channel(false).0);
-        let (commit, writer) = GroupCommit::start(storage.clone(), failed).unwrap();
-        let commit = Arc::new(commit);
-        let first = commit.submit(meta("a")).unwrap();
-        tokio::task::spawn_blocking(move || entered.recv().unwrap())
-            .await
-            .unwrap();
+        let Busy {
+            storage,
+            commit,
+            writer,
+            first,
+            gate,
+            ..
+        } = busy_writer(false).await;
         // A Complete* of "b" queued behind the busy writer, then "b" expires: the removal must
         // not be overtaken by the older write (which would bring "b" back on disk).
         commit.queue_txn(meta("b")).unwrap();
