@@ -4,8 +4,6 @@
 //! transaction (the Kafka face checks the group membership first). The only room that writes
 //! `__consumer_offsets` and `__group_marker_state`.
 
-use std::sync::Arc;
-
 use cluster::node::lock;
 use cluster::TopicPartition;
 use tracing::{debug, warn};
@@ -16,23 +14,14 @@ use crate::storage::PendingTxnOffset;
 use crate::Error;
 
 impl Shared {
-    /// The lock of `group` (created on first use; see the module docs of `service`).
-    fn group_lock(&self, group: &str) -> Arc<tokio::sync::Mutex<()>> {
-        lock(&self.groups)
-            .entry(group.to_string())
-            .or_default()
-            .clone()
-    }
-
     /// The group coordinator's side of a group marker: fence it against what the group
     /// recorded ([`core::write_group_marker`]); if accepted, make its offsets (COMMIT) and its
     /// epoch and generation durable before answering.
     pub(super) async fn write_group_marker(&self, marker: GroupMarker) -> Result<(), Error> {
         self.check_owner(&marker.group_id)?;
-        let lock = self.group_lock(&marker.group_id);
         // Held across the read and the write on purpose: a second marker for this group must
         // be checked against the fence the first one writes.
-        let _guard = lock.lock().await;
+        let _guard = self.groups.lock(&marker.group_id).await;
         let (group, pid, coordinator) = (
             marker.group_id.clone(),
             marker.producer_id,
@@ -184,8 +173,7 @@ impl Shared {
             )));
         }
         self.check_owner(&group)?;
-        let lock = self.group_lock(&group);
-        let _guard = lock.lock().await;
+        let _guard = self.groups.lock(&group).await;
         let checked: core::PendingOffsets = offsets.into_iter().collect();
         self.blocking(move |st| st.commit_group_offsets(&group, &checked))
             .await?;

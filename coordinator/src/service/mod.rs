@@ -64,8 +64,8 @@
 //! to the leader case instead, so the rule has one statement.
 //!
 //! Group markers on the receiving side (this node coordinates the group): per group, one
-//! `tokio::sync::Mutex` (held across the read of the fence and the sled write: serialising the
-//! two is the point), [`crate::core::write_group_marker`] decides, and an accepted marker's
+//! async lock (held across the read of the fence and the sled write: serialising the two is the
+//! point; `keyed_lock`: removed once nobody holds or waits for it), [`crate::core::write_group_marker`] decides, and an accepted marker's
 //! offsets and fence are written in one durable storage call before the reply. A marker to a
 //! group this node owns short-circuits to that same path, so local and remote markers are fenced
 //! alike.
@@ -99,6 +99,7 @@
 mod commit;
 mod groups;
 mod grpc;
+mod keyed_lock;
 mod leader_queue;
 mod local;
 mod markers;
@@ -280,7 +281,7 @@ async fn serve_inner(
         generation: AtomicI64::new(-1),
         loaded: AtomicBool::new(false),
         txns: Mutex::new(HashMap::new()),
-        groups: Mutex::new(HashMap::new()),
+        groups: keyed_lock::KeyedLocks::default(),
         pending_txn_offsets: Mutex::new(crate::core::PendingTxnOffsets::default()),
         pids: tokio::sync::Mutex::new(None),
         channels: Mutex::new(HashMap::new()),
@@ -427,8 +428,9 @@ struct Shared {
     loaded: AtomicBool,
     /// Per-id metadata, each behind its own lock (see the module docs).
     txns: Mutex<HashMap<String, Slot>>,
-    /// Per-group locks serialising the group markers this node applies (see the module docs).
-    groups: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per-group locks serialising the group markers this node applies (see the module docs);
+    /// a group's lock lives only while it is held or waited for.
+    groups: keyed_lock::KeyedLocks,
     /// KIP-447: transactional offsets of the groups this node coordinates whose marker has
     /// not been applied yet (recorded by the Kafka face, completed by `write_group_marker`).
     pending_txn_offsets: Mutex<crate::core::PendingTxnOffsets>,
