@@ -58,4 +58,7 @@ pub mod storage;
 pub mod verify;
 
 pub use error::Error;
-pub use service::{serve, serve_with, serve_with_kafka, LeaderConfig, LeaderService};
+pub use service::{
+    serve, serve_with, serve_with_kafka, LeaderConfig, LeaderService,
+    DEFAULT_PRODUCER_ID_EXPIRATION, DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL,
+};

@@ -43,6 +43,15 @@ struct Args {
     /// Log lines as text or json (always on stderr).
     #[arg(long, env = "LOG_FORMAT", default_value_t = cluster::logs::LogFormat::Text)]
     log_format: cluster::logs::LogFormat,
+    /// Forget a producer's state at a partition this long after its last write there, when it
+    /// has no transaction open there, in milliseconds (Kafka's producer.id.expiration.ms;
+    /// default 1 day).
+    #[arg(long, env = "PRODUCER_ID_EXPIRATION_MS", default_value_t = partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION.as_millis() as u64)]
+    producer_id_expiration_ms: u64,
+    /// How often to look for expired producer states, in milliseconds (Kafka's
+    /// producer.id.expiration.check.interval.ms; default 10 minutes).
+    #[arg(long, env = "PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS", default_value_t = partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL.as_millis() as u64)]
+    producer_id_expiration_check_interval_ms: u64,
     /// DANGER: do not fence older epochs at this leader (demonstrates that the checker catches it).
     #[arg(long, env = "UNSAFE_SKIP_EPOCH_CHECK", hide = true)]
     unsafe_skip_epoch_check: bool,
@@ -67,6 +76,10 @@ async fn main() -> anyhow::Result<()> {
     config.max_batch_bytes = args.max_batch_bytes;
     config.max_record_bytes = args.max_record_bytes;
     config.unsafe_skip_epoch_check = args.unsafe_skip_epoch_check;
+    config.producer_id_expiration =
+        std::time::Duration::from_millis(args.producer_id_expiration_ms);
+    config.producer_id_expiration_check_interval =
+        std::time::Duration::from_millis(args.producer_id_expiration_check_interval_ms.max(1));
     config.cluster_secret = Some(cluster::auth::ClusterSecret::from_sources(
         args.cluster_secret_file.as_deref(),
         args.cluster_secret.as_deref(),

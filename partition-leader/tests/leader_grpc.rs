@@ -16,6 +16,10 @@ struct Cluster {
 }
 
 async fn cluster() -> Cluster {
+    cluster_with(|_| {}).await
+}
+
+async fn cluster_with(configure: fn(&mut partition_leader::LeaderConfig)) -> Cluster {
     let mut listeners = bind(3).await;
     let coordinator_listener = listeners.remove(0);
     let leader_addrs = [
@@ -30,7 +34,9 @@ async fn cluster() -> Cluster {
         .into_iter()
         .zip([101, 102])
         .zip(&dirs)
-        .map(|((l, id), d)| Leader::start(id, l, d.path().to_path_buf(), topology.clone()))
+        .map(|((l, id), d)| {
+            Leader::start_with(id, l, d.path().to_path_buf(), topology.clone(), configure)
+        })
         .collect();
     Cluster {
         coordinator,
@@ -572,4 +578,88 @@ async fn a_marker_batch_is_written_as_one_request_per_transaction_would_be() {
         .responses;
     assert_eq!(responses.len(), 2);
     assert_eq!(values(&fetch(&mut l0, 0, 0, true).await), vec!["a1"]);
+}
+
+/// Kafka's producer.id.expiration.ms: idle producer states are forgotten, durably; an open
+/// transaction's state stays (it holds the LSO); and forgetting lets no zombie in: the
+/// transactional one must pass the coordinator, the idempotent one learns its state is gone.
+#[tokio::test]
+async fn idle_producer_states_expire_and_zombies_stay_out() {
+    let mut c = cluster_with(|config| {
+        config.producer_id_expiration = Duration::from_millis(600);
+        config.producer_id_expiration_check_interval = Duration::from_millis(50);
+    })
+    .await;
+    let mut l0 = c.leaders[0].client();
+    // PID 10: a transaction aborted by its new instance's bump (epoch 1).
+    c.coordinator.set("txn-a", 10, 0, &[0]);
+    let r = produce(&mut l0, 0, batch(10, 0, 0, &["a"], Some("txn-a"))).await;
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    assert_eq!(
+        markers(&c.leaders[0].topology, &mut l0, 10, 1, false, 1, &[0]).await,
+        vec![ErrorCode::None]
+    );
+    c.coordinator.set("txn-a", 10, 1, &[]);
+    // PID 20: idempotent. PID 30: a transaction left open.
+    let r = produce(&mut l0, 0, batch(20, 0, 0, &["i0"], None)).await;
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    c.coordinator.set("txn-b", 30, 0, &[0]);
+    let r = produce(&mut l0, 0, batch(30, 0, 0, &["open"], Some("txn-b"))).await;
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    let open_at = r.base_offset;
+    let pids = |d: &proto::DescribeProducersResponse| {
+        let mut p: Vec<i64> = d.producers.iter().map(|p| p.producer_id).collect();
+        p.sort();
+        p
+    };
+    assert_eq!(pids(&describe(&mut l0, 0).await), vec![10, 20, 30]);
+
+    let l = l0.clone();
+    eventually("idle producer states forgotten", || {
+        let mut l = l.clone();
+        async move { (pids(&describe(&mut l, 0).await) == vec![30]).then_some(()) }
+    })
+    .await;
+    let committed = fetch(&mut l0, 0, 0, true).await;
+    assert_eq!(
+        committed.last_stable_offset, open_at,
+        "the open transaction holds the LSO"
+    );
+
+    // The zombie of PID 10 (epoch 0) continuing: no state, and its sequence is not 0.
+    let r = produce(&mut l0, 0, batch(10, 0, 1, &["zombie"], Some("txn-a"))).await;
+    assert_eq!(code(r.error_code), ErrorCode::UnknownProducerId);
+    // Opening a transaction at sequence 0: the coordinator is asked, and fences it.
+    let verified = *c.coordinator.verify_calls.lock().unwrap();
+    let r = produce(&mut l0, 0, batch(10, 0, 0, &["zombie"], Some("txn-a"))).await;
+    assert_eq!(code(r.error_code), ErrorCode::InvalidProducerEpoch);
+    assert_eq!(*c.coordinator.verify_calls.lock().unwrap(), verified + 1);
+    // The idempotent producer's next batch: its state is gone.
+    let r = produce(&mut l0, 0, batch(20, 0, 1, &["i1"], None)).await;
+    assert_eq!(code(r.error_code), ErrorCode::UnknownProducerId);
+    let uncommitted = fetch(&mut l0, 0, 0, false).await;
+    assert!(
+        !values(&uncommitted).contains(&"zombie".to_string()),
+        "no zombie record in the log"
+    );
+
+    // Forgotten for good: a restart does not bring the states back.
+    c.leaders[0].restart().await;
+    let mut l0 = c.leaders[0].client();
+    let l = l0.clone();
+    eventually("leader back", || {
+        let mut l = l.clone();
+        async move {
+            l.describe_producers(proto::DescribeProducersRequest {
+                topic: TOPIC.into(),
+                partition: 0,
+            })
+            .await
+            .ok()
+        }
+    })
+    .await;
+    assert_eq!(pids(&describe(&mut l0, 0).await), vec![30]);
+    let committed = fetch(&mut l0, 0, 0, true).await;
+    assert_eq!(committed.last_stable_offset, open_at);
 }

@@ -29,8 +29,17 @@
 //!
 //! Choices where PROTOCOL.md is silent:
 //! - A PID with no state here must start at sequence 0; anything else is UNKNOWN_PRODUCER_ID (the
-//!   proto's definition of that code). There is no log retention, so state is never lost and
-//!   Kafka's "accept any sequence from an unknown producer" leniency is not needed.
+//!   proto's definition of that code). There is no log retention, so state is lost only by
+//!   expiry (below), and Kafka's "accept any sequence from an unknown producer" leniency is not
+//!   needed.
+//! - Expiry (Kafka's `producer.id.expiration.ms`): [`PartitionState::expired_producers`] names
+//!   the PIDs with no transaction open here whose state has not changed for the expiration
+//!   time; the shell forgets them ([`PartitionState::forget_producers`]). Fencing does not rest
+//!   on that state alone: a transactional batch for a PID without state opens a transaction, so
+//!   it is verified with the coordinator first, which refuses an old epoch (or an id it no longer
+//!   knows); a continuing batch of a forgotten PID has a sequence above 0, which is
+//!   UNKNOWN_PRODUCER_ID. What is lost is the duplicate window of an idle idempotent producer,
+//!   as in Kafka.
 //! - Plain producers (`producer_id == -1`) skip every check; their epoch and sequence are ignored.
 //!   A transactional batch without a PID is INVALID_REQUEST.
 //! - Transaction version 2: every marker carries an epoch above the transaction it ends. So a
@@ -62,8 +71,7 @@
 //! - this file: the types, restore, and [`PartitionState::apply`], the only place the state
 //!   changes.
 //!
-//! CAVEATS: no log retention or compaction, so producer state never expires (Kafka expires it
-//! after `transactional.id.expiration.ms`); no producer-state snapshots, the state is persisted
+//! CAVEATS: no log retention or compaction; no producer-state snapshots, the state is persisted
 //! with every write instead; no per-PID coordinator id, only its generation.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -534,6 +542,34 @@ impl PartitionState {
     /// The aborted index, in marker order.
     pub fn aborted_txns(&self) -> impl Iterator<Item = &AbortedTxn> {
         self.aborted.values()
+    }
+
+    /// The PIDs whose state may be forgotten at `now_ms` (Kafka's `producer.id.expiration.ms`):
+    /// no transaction open on this partition, and no change for at least `expiration_ms`.
+    pub fn expired_producers(&self, now_ms: i64, expiration_ms: i64) -> Vec<ProducerId> {
+        self.producers
+            .iter()
+            .filter(|(_, p)| {
+                p.txn_first_offset.is_none()
+                    && now_ms.saturating_sub(p.last_update_ms) >= expiration_ms
+            })
+            .map(|(pid, _)| *pid)
+            .collect()
+    }
+
+    /// Forgets the state of `pids`, as named by [`PartitionState::expired_producers`] on this
+    /// same state; a PID with a transaction open here is kept whatever the caller asks (its
+    /// records hold the LSO, and only its marker may release them).
+    pub fn forget_producers(&mut self, pids: &[ProducerId]) {
+        for pid in pids {
+            if self
+                .producers
+                .get(pid)
+                .is_some_and(|p| p.txn_first_offset.is_none())
+            {
+                self.producers.remove(pid);
+            }
+        }
     }
 
     /// Applies a durable plan computed by [`check_produce`](Self::check_produce) or

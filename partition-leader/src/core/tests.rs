@@ -739,3 +739,79 @@ fn a_restored_partition_is_visible_up_to_what_was_loaded() {
         }
     );
 }
+
+/// Runs a Produce at `now_ms` (verification always succeeds).
+fn produce_at(s: &mut PartitionState, h: &BatchHeader, now_ms: i64) {
+    let mut decision = s.check_produce(h, false, now_ms).unwrap();
+    if decision == ProduceDecision::NeedsVerification {
+        decision = s.check_produce(h, true, now_ms).unwrap();
+    }
+    let ProduceDecision::Append(plan) = decision else {
+        panic!("expected an append, got {decision:?}");
+    };
+    s.apply(&plan);
+}
+
+#[test]
+fn only_idle_producers_without_an_open_transaction_expire() {
+    let mut s = PartitionState::new(false);
+    produce_at(&mut s, &header(1, 0, 0, 1, false), 1_000); // idle idempotent
+    produce_at(&mut s, &header(2, 0, 0, 1, true), 1_000); // transaction open
+    produce_at(&mut s, &header(3, 0, 0, 1, false), 1_500); // more recent
+                                                           // The closed transaction of a fourth PID: its marker is its last change.
+    produce_at(&mut s, &header(4, 0, 0, 1, true), 1_000);
+    let plan = s.plan_marker(&marker(4, 1, true, 0), 1_000).unwrap();
+    s.apply(&plan);
+    assert!(
+        s.expired_producers(1_999, 1_000).is_empty(),
+        "under the bound"
+    );
+    assert_eq!(
+        s.expired_producers(2_000, 1_000),
+        vec![1, 4],
+        "at the bound"
+    );
+    assert_eq!(s.expired_producers(2_500, 1_000), vec![1, 3, 4]);
+    assert_eq!(
+        s.expired_producers(i64::MAX, 1_000),
+        vec![1, 3, 4],
+        "an open transaction never expires"
+    );
+    let lso = s.last_stable_offset();
+    // Asked to forget everyone, it still keeps the open transaction.
+    s.forget_producers(&[1, 2, 3, 4, 99]);
+    assert_eq!(s.producers().keys().copied().collect::<Vec<_>>(), vec![2]);
+    assert_eq!(
+        s.last_stable_offset(),
+        lso,
+        "the open transaction still holds the LSO"
+    );
+    assert_eq!(s.high_watermark(), 5);
+}
+
+#[test]
+fn a_forgotten_producer_is_still_fenced_or_starts_afresh() {
+    let mut s = PartitionState::new(false);
+    produce_at(&mut s, &header(1, 3, 0, 2, false), 0);
+    produce_at(&mut s, &header(2, 5, 0, 1, true), 0);
+    write_marker(&mut s, &marker(2, 6, false, 0)).unwrap();
+    let expired = s.expired_producers(100, 50);
+    assert_eq!(expired, vec![1, 2]);
+    s.forget_producers(&expired);
+    assert!(s.producers().is_empty());
+    // The idempotent producer's next batch continues its sequence: it learns its state is gone.
+    assert_eq!(
+        code(s.check_produce(&header(1, 3, 2, 1, false), false, 200)),
+        proto::ErrorCode::UnknownProducerId
+    );
+    // A zombie of the transactional PID (epoch 5, fenced by the abort marker at 6) opening a
+    // new transaction is not let in on the leader's word: the coordinator must verify it.
+    assert_eq!(
+        s.check_produce(&header(2, 5, 0, 1, true), false, 200)
+            .unwrap(),
+        ProduceDecision::NeedsVerification
+    );
+    // A producer that starts afresh at sequence 0 gets a new window.
+    produce_at(&mut s, &header(1, 4, 0, 1, false), 200);
+    assert_eq!(s.producer(1).unwrap().last_sequence(), Some(0));
+}

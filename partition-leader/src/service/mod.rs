@@ -94,7 +94,21 @@ pub struct LeaderConfig {
     pub cluster_secret: Option<cluster::auth::ClusterSecret>,
     /// Where this node counts what it does (serve them with [`cluster::metrics::serve_http`]).
     pub metrics: Metrics,
+    /// How long a PID's state is kept at a partition after its last change when it has no
+    /// transaction open there (Kafka's `producer.id.expiration.ms`; default
+    /// [`DEFAULT_PRODUCER_ID_EXPIRATION`]).
+    pub producer_id_expiration: Duration,
+    /// How often expired producer states are looked for (Kafka's
+    /// `producer.id.expiration.check.interval.ms`; default
+    /// [`DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL`]).
+    pub producer_id_expiration_check_interval: Duration,
 }
+
+/// Default of [`LeaderConfig::producer_id_expiration`]: one day, as Kafka's.
+pub const DEFAULT_PRODUCER_ID_EXPIRATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Default of [`LeaderConfig::producer_id_expiration_check_interval`]: ten minutes, as Kafka's.
+pub const DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL: Duration = Duration::from_secs(10 * 60);
 
 impl LeaderConfig {
     /// A configuration with the defaults.
@@ -112,6 +126,8 @@ impl LeaderConfig {
             unsafe_skip_epoch_check: false,
             cluster_secret: None,
             metrics: Metrics::new(),
+            producer_id_expiration: DEFAULT_PRODUCER_ID_EXPIRATION,
+            producer_id_expiration_check_interval: DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL,
         }
     }
 
@@ -193,6 +209,8 @@ struct Inner {
     metrics: Metrics,
     /// Set by [`serve_with`]: turned NOT_SERVING when a partition goes offline.
     health: std::sync::OnceLock<NodeHealth>,
+    /// [`LeaderConfig::producer_id_expiration`].
+    producer_id_expiration: Duration,
 }
 
 /// The PartitionLeader gRPC service.
@@ -260,6 +278,7 @@ impl LeaderService {
                 shutdown,
                 metrics: config.metrics.clone(),
                 health: std::sync::OnceLock::new(),
+                producer_id_expiration: config.producer_id_expiration,
             }),
         })
     }
@@ -423,6 +442,37 @@ impl LeaderService {
             }
         }
         part.appended.notify_waiters();
+    }
+
+    /// One expiry scan: forgets, partition by partition under its write lock (so no write is
+    /// planned against a state being forgotten), the producer states that expired
+    /// ([`PartitionState::expired_producers`]), in the engine and in memory; returns how many.
+    pub async fn expire_producers(&self) -> usize {
+        let expiration =
+            i64::try_from(self.inner.producer_id_expiration.as_millis()).unwrap_or(i64::MAX);
+        let mut forgotten = 0;
+        for part in self.inner.partitions.values() {
+            let _write_lock = part.write_lock.lock().await;
+            if part.check_online().is_err() {
+                continue;
+            }
+            let pids = part.state().expired_producers(now_ms(), expiration);
+            if pids.is_empty() {
+                continue;
+            }
+            let (storage, tp, expired) =
+                (self.inner.storage.clone(), part.tp.clone(), pids.clone());
+            if let Err(e) = blocking(move || storage.forget_producers(&tp, &expired)).await {
+                // Forgotten in memory all the same: the engine's copy comes back at most at a
+                // restart, as old as it was, and expires again.
+                warn!(partition = %part.tp, "forgetting expired producer states in storage failed: {e}");
+            }
+            part.state().forget_producers(&pids);
+            info!(partition = %part.tp, producers = pids.len(), ?pids,
+                  "expired producer states forgotten");
+            forgotten += pids.len();
+        }
+        forgotten
     }
 
     pub(crate) fn describe_producers_inner(
@@ -657,6 +707,18 @@ pub async fn serve_with(
     serve_inner(config, storage, verifier, listener, None, shutdown).await
 }
 
+/// Runs [`LeaderService::expire_producers`] every `interval` until the leader stops.
+async fn expire_producers_periodically(service: LeaderService, interval: Duration) {
+    let mut stopping = service.stopping();
+    loop {
+        tokio::select! {
+            _ = stopping.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        service.expire_producers().await;
+    }
+}
+
 /// How often the health check looks at [`Storage::problem`].
 const PROBLEM_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -692,6 +754,7 @@ async fn serve_inner(
     let node_id = config.node_id;
     let topology = config.topology.clone();
     let watched = storage.clone();
+    let expiry_interval = config.producer_id_expiration_check_interval;
     let service =
         blocking(move || LeaderService::open(&config, storage, verifier, stop_rx)).await?;
     let address = listener
@@ -711,6 +774,10 @@ async fn serve_inner(
     health.set_serving(true).await;
     let _ = service.inner.health.set(health.clone());
     tokio::spawn(watch_storage(watched, health.clone(), service.stopping()));
+    tokio::spawn(expire_producers_periodically(
+        service.clone(),
+        expiry_interval,
+    ));
     let kafka = kafka_listener.map(|kafka_listener| {
         let kafka_config = kafka_wire::ServerConfig::new(node_id, topology.clone());
         let handler = Arc::new(crate::kafka::KafkaLeader::new(service.clone()));

@@ -609,6 +609,43 @@ impl Storage for SledStorage {
         }
     }
 
+    /// Forgets the states in memory, takes them out of the writes waiting for a checkpoint,
+    /// and removes them from the checkpoint in sled (not flushed: see the trait). Holds
+    /// `flushing`, so no checkpoint of an older state of these PIDs can land after the removal.
+    fn forget_producers(&self, tp: &TopicPartition, pids: &[ProducerId]) -> Result<()> {
+        let _no_checkpoint_meanwhile = lock(&self.flushing);
+        self.check_poisoned()?;
+        let log = self.log(tp)?;
+        let trees = {
+            let mut l = lock(&log);
+            for pid in pids {
+                l.producers.remove(pid);
+            }
+            for w in &mut l.pending {
+                if w.producer
+                    .as_ref()
+                    .is_some_and(|(pid, _)| pids.contains(pid))
+                {
+                    w.producer = None;
+                }
+            }
+            l.trees.clone()
+        };
+        if lock(&self.checkpoints_stopped).is_some() {
+            // The checkpoint in sled is left as it is: a restart replays it, and the scan
+            // forgets these states again.
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for pid in pids {
+            batch.remove(&pid.to_be_bytes());
+        }
+        trees
+            .producers
+            .apply_batch(batch)
+            .map_err(|e| Error::Storage(format!("{tp}: forgetting producer states: {e}")))
+    }
+
     fn flush(&self) -> Result<()> {
         let _one_at_a_time = lock(&self.flushing);
         self.check_poisoned()?;

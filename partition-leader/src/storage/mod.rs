@@ -105,6 +105,12 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<()>;
     /// Makes everything appended so far durable.
     fn flush(&self) -> Result<()>;
+    /// Forgets the producer states of `pids` (expired, see
+    /// [`crate::core::PartitionState::expired_producers`]); the caller holds the partition's
+    /// write lock. Not durable by itself, and it need not be: a state a crash brings back (from
+    /// the checkpoint or the log's tail) is as old as it was, so the next expiry scan forgets it
+    /// again. A later write of one of the PIDs stores its state afresh.
+    fn forget_producers(&self, tp: &TopicPartition, pids: &[ProducerId]) -> Result<()>;
     /// A fault that fails no write but needs an operator (a restart), e.g. the engine's
     /// checkpoints failing: the health check turns NOT_SERVING while there is one.
     fn problem(&self) -> Option<String> {
@@ -466,6 +472,19 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
+    fn forget_producers(&self, tp: &TopicPartition, pids: &[ProducerId]) -> Result<()> {
+        if self.fail_writes.load(Ordering::SeqCst) {
+            return Err(Error::Storage("injected write failure".into()));
+        }
+        let mut parts = self.parts.lock().expect("memory storage poisoned");
+        if let Some(p) = parts.get_mut(tp) {
+            for pid in pids {
+                p.producers.remove(pid);
+            }
+        }
+        Ok(())
+    }
+
     fn scan(
         &self,
         tp: &TopicPartition,
@@ -615,6 +634,108 @@ mod tests {
         .unwrap();
         assert_eq!(seen, 1);
         loaded
+    }
+
+    /// A plain idempotent write of PID 8 at `base_offset`.
+    fn idempotent_write(base_offset: i64, last_update_ms: i64) -> Write {
+        Write {
+            base_offset,
+            entries: vec![data(8, b"i")],
+            producer: Some((
+                8,
+                ProducerState {
+                    epoch: 0,
+                    batches: VecDeque::from([BatchMetadata {
+                        first_seq: 0,
+                        last_seq: 0,
+                        base_offset,
+                    }]),
+                    txn_first_offset: None,
+                    coordinator_generation: -1,
+                    last_update_ms,
+                },
+            )),
+            aborted: None,
+            high_watermark: base_offset + 1,
+        }
+    }
+
+    fn pids(loaded: &LoadedPartition) -> Vec<ProducerId> {
+        loaded.producers.iter().map(|(pid, _)| *pid).collect()
+    }
+
+    /// Forgets PID 7 (written by [`sample_writes`]) and keeps 8; a later write of 7 stores it
+    /// afresh. Returns after that write.
+    fn exercise_forget(s: &dyn Storage, tp: &TopicPartition) {
+        for w in sample_writes() {
+            s.write(tp, &w).unwrap();
+        }
+        s.write(tp, &idempotent_write(3, 12)).unwrap();
+        s.forget_producers(tp, &[7]).unwrap();
+        assert_eq!(pids(&s.load(tp).unwrap()), vec![8]);
+        assert_eq!(collect(s, tp, 0, 10).len(), 4, "the records stay");
+        let mut again = idempotent_write(4, 20);
+        let state = again.producer.take().unwrap().1;
+        again.producer = Some((7, state));
+        s.write(tp, &again).unwrap();
+        assert_eq!(pids(&s.load(tp).unwrap()), vec![7, 8]);
+    }
+
+    #[test]
+    fn memory_forgets_producers() {
+        exercise_forget(&MemoryStorage::new(), &TopicPartition::new("t", 0));
+    }
+
+    /// Forgotten states stay forgotten across a reopen, whether they were still waiting for a
+    /// checkpoint or already in sled's; a state written after the forgetting is kept.
+    #[test]
+    fn sled_forgotten_producers_stay_forgotten_after_a_reopen() {
+        let tp = TopicPartition::new("t", 0);
+        // 1. Forgotten while still waiting for a checkpoint (the close writes the checkpoint).
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SledStorage::open(dir.path()).unwrap();
+            for w in sample_writes() {
+                s.write(&tp, &w).unwrap();
+            }
+            s.write(&tp, &idempotent_write(3, 12)).unwrap();
+            assert!(
+                s.uncheckpointed() > 0,
+                "the test needs a pending checkpoint"
+            );
+            s.forget_producers(&tp, &[7]).unwrap();
+        }
+        let s = SledStorage::open(dir.path()).unwrap();
+        assert_eq!(pids(&s.load(&tp).unwrap()), vec![8]);
+        drop(s);
+        // 2. Forgotten once in sled's checkpoint.
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SledStorage::open(dir.path()).unwrap();
+            for w in sample_writes() {
+                s.write(&tp, &w).unwrap();
+            }
+            s.write(&tp, &idempotent_write(3, 12)).unwrap();
+        }
+        {
+            let s = SledStorage::open(dir.path()).unwrap();
+            assert_eq!(s.uncheckpointed(), 0);
+            assert_eq!(pids(&s.load(&tp).unwrap()), vec![7, 8]);
+            s.forget_producers(&tp, &[7]).unwrap();
+        }
+        let s = SledStorage::open(dir.path()).unwrap();
+        assert_eq!(pids(&s.load(&tp).unwrap()), vec![8]);
+        drop(s);
+        // 3. Forgotten, then written again.
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SledStorage::open(dir.path()).unwrap();
+            exercise_forget(&s, &tp);
+        }
+        let s = SledStorage::open(dir.path()).unwrap();
+        let loaded = s.load(&tp).unwrap();
+        assert_eq!(pids(&loaded), vec![7, 8]);
+        assert_eq!(loaded.producers[0].1.last_update_ms, 20, "the newer state");
     }
 
     /// A data record with a header and a null-valued header.

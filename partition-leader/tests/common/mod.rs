@@ -52,6 +52,8 @@ pub struct Leader {
     pub dir: PathBuf,
     pub topology: Arc<Topology>,
     pub skip_epoch_check: bool,
+    /// Applied to the configuration at every start.
+    pub configure: fn(&mut LeaderConfig),
     stop: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<Result<(), partition_leader::Error>>>,
 }
@@ -59,12 +61,24 @@ pub struct Leader {
 impl Leader {
     /// Starts leader `id` on `listener`.
     pub fn start(id: i32, listener: TcpListener, dir: PathBuf, topology: Arc<Topology>) -> Self {
+        Self::start_with(id, listener, dir, topology, |_| {})
+    }
+
+    /// Starts leader `id` on `listener`, its configuration changed by `configure`.
+    pub fn start_with(
+        id: i32,
+        listener: TcpListener,
+        dir: PathBuf,
+        topology: Arc<Topology>,
+        configure: fn(&mut LeaderConfig),
+    ) -> Self {
         let mut leader = Leader {
             id,
             addr: listener.local_addr().unwrap(),
             dir,
             topology,
             skip_epoch_check: false,
+            configure,
             stop: None,
             handle: None,
         };
@@ -78,6 +92,7 @@ impl Leader {
         config.max_record_bytes = 16 * 1024;
         config.unsafe_skip_epoch_check = self.skip_epoch_check;
         config.cluster_secret = Some(testkit::auth::secret());
+        (self.configure)(&mut config);
         let (tx, rx) = oneshot::channel();
         self.stop = Some(tx);
         self.handle = Some(tokio::spawn(partition_leader::serve(
