@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use integration_tests::{cluster, config, producer, read_topic, wait_settled};
+use integration_tests::{cluster, cluster_with, config, producer, read_topic, wait_settled};
 use producer_client::{DeliveryFuture, Error, IdempotentProducer, Isolation};
 
 /// Resident set size of this process, bytes.
@@ -343,4 +343,69 @@ async fn memory_stays_within_buffer_memory_while_a_leader_is_down() {
         growth < buffer as u64 + 64 * 1024 * 1024,
         "growth {growth} exceeds buffer.memory {buffer} + 64 MiB"
     );
+}
+
+/// A leader forgets an idle producer's state (producer.id.expiration.ms): the idempotent
+/// producer's next batches are refused with UNKNOWN_PRODUCER_ID, go again under a new producer
+/// id, and every record is in the log once, in send order; the application sees no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_producer_whose_state_expired_goes_on_without_an_error() {
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        producer_id_expiration: (Duration::from_millis(400), Duration::from_millis(50)),
+        ..Default::default()
+    })
+    .await;
+    let mut p = IdempotentProducer::connect(
+        config(&cluster)
+            .with_linger(Duration::from_millis(1))
+            .with_batch_size(3 * 48)
+            .with_max_in_flight(5),
+    )
+    .await
+    .unwrap();
+    let first_pid = p.producer_id();
+    let mut deliveries = Vec::new();
+    for i in 0..6 {
+        deliveries.push(p.send("input", 0, format!("e{i:02}")).await.unwrap());
+    }
+    p.flush().await.unwrap();
+    // Idle past the expiration: the leader forgets the PID.
+    let leader = cluster.topology().leader_for("input", 0).unwrap().id;
+    let address = cluster.address(leader).unwrap();
+    let client =
+        proto::partition_leader_client::PartitionLeaderClient::connect(format!("http://{address}"))
+            .await
+            .unwrap();
+    testkit::eventually("the producer's state expired at the leader", || {
+        let mut client = client.clone();
+        async move {
+            let r = client
+                .describe_producers(proto::DescribeProducersRequest {
+                    topic: "input".into(),
+                    partition: 0,
+                })
+                .await
+                .ok()?
+                .into_inner();
+            r.producers.is_empty().then_some(())
+        }
+    })
+    .await;
+    for i in 6..30 {
+        deliveries.push(p.send("input", 0, format!("e{i:02}")).await.unwrap());
+    }
+    p.flush().await.unwrap();
+    let mut offsets = Vec::new();
+    for d in deliveries {
+        offsets.push(d.await.expect("no record fails").offset);
+    }
+    assert_eq!(offsets, (0..30).collect::<Vec<i64>>());
+    assert_ne!(
+        p.producer_id(),
+        first_pid,
+        "a new producer id after the expiry"
+    );
+    let expected: Vec<String> = (0..30).map(|i| format!("e{i:02}")).collect();
+    let by_partition = read_topic(&cluster, "input", Isolation::ReadUncommitted).await;
+    assert_eq!(by_partition[&0], expected, "once each, in send order");
 }

@@ -53,6 +53,9 @@ pub struct EmbeddedOptions {
     pub max_transaction_timeout_ms: i32,
     /// DANGER: leaders skip the epoch check (to show that the demo's checker catches it).
     pub unsafe_skip_epoch_check: bool,
+    /// Leaders' `producer.id.expiration.ms` and how often they look for expired states
+    /// (default 1 day and 10 minutes, as Kafka's; tests use less).
+    pub producer_id_expiration: (Duration, Duration),
     /// Where the data lives; `None`: a temporary directory removed on drop.
     pub data_dir: Option<PathBuf>,
     /// Fixed ports: node `k` (coordinators first, then leaders) listens on `base_port + k`.
@@ -75,6 +78,10 @@ impl Default for EmbeddedOptions {
             marker_retry_backoff: Duration::from_millis(100),
             max_transaction_timeout_ms: cluster::MAX_TRANSACTION_TIMEOUT_MS,
             unsafe_skip_epoch_check: false,
+            producer_id_expiration: (
+                partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION,
+                partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL,
+            ),
             data_dir: None,
             base_port: None,
             metrics_endpoints: false,
@@ -267,6 +274,10 @@ impl EmbeddedCluster {
                 config.unsafe_skip_epoch_check = options.unsafe_skip_epoch_check;
                 config.cluster_secret = Some(secret);
                 config.metrics = metrics;
+                (
+                    config.producer_id_expiration,
+                    config.producer_id_expiration_check_interval,
+                ) = options.producer_id_expiration;
                 tokio::spawn(async move {
                     partition_leader::serve_with_kafka(config, listener, Some(kafka), shutdown)
                         .await

@@ -22,6 +22,10 @@
 //!      lower sequence was still unacknowledged: that lower batch had not reached the leader
 //!      yet (requests on one connection may be processed out of order), so it is queued again
 //!      like a retriable error;
+//!    - idempotent, UNKNOWN_PRODUCER_ID for a batch sent with nothing unacknowledged before it:
+//!      the leader forgot the PID's state (it expired after an idle spell), so none of the
+//!      partition's batches under that PID was appended; they all wait, as if never sent, for a
+//!      new PID and fresh sequences (Kafka's KIP-360) instead of failing;
 //!    - anything else, or the same errors for a batch sent with nothing unacknowledged before
 //!      it: the batch fails ([`Mode`] says what else fails with it).
 //! 5. `delivery.timeout.ms` bounds the whole life of a record ([`Accumulator::expire`], and a
@@ -150,6 +154,10 @@ struct PartitionQueue<W> {
     next_sequence: i32,
     /// No send before this instant (backoff after a retriable error).
     retry_at: Option<Instant>,
+    /// Idempotent: the (PID, epoch) this partition's leader no longer has state for (it
+    /// expired there): none of its batches here can have been appended, so every one that
+    /// comes back unanswered or refused goes again under the next PID (see `on_response`).
+    lost_producer: Option<(i64, i16)>,
 }
 
 impl<W> Default for PartitionQueue<W> {
@@ -160,6 +168,7 @@ impl<W> Default for PartitionQueue<W> {
             in_flight: Vec::new(),
             next_sequence: 0,
             retry_at: None,
+            lost_producer: None,
         }
     }
 }
@@ -386,6 +395,45 @@ impl<W> Accumulator<W> {
                 error,
                 Error::OutOfOrderSequence(_) | Error::UnknownProducerId(_)
             );
+        let lost = queue.lost_producer == Some(batch.producer);
+        if self.mode == Mode::Idempotent
+            && !transient_gap
+            && !lost
+            && matches!(error, Error::UnknownProducerId(_))
+        {
+            // Every lower sequence was acknowledged, so the leader had this PID's state and
+            // forgot it (it expired after an idle spell; Kafka's producer.id.expiration.ms). A
+            // leader without state appends no batch of the PID above sequence 0, so none of the
+            // partition's batches under this PID was appended: they all go again, in order,
+            // under a new PID (as Kafka's producer does, KIP-360) instead of failing.
+            tracing::info!(%partition, producer_id = batch.producer.0, error = %error,
+                "the leader forgot this producer's state; its batches go again under a new producer id");
+            queue.lost_producer = Some(batch.producer);
+            for b in &mut queue.queued {
+                if b.producer == batch.producer {
+                    b.sent = false;
+                }
+            }
+            self.reset_pending = true;
+        }
+        let lost = queue.lost_producer == Some(batch.producer);
+        if lost
+            && (error.is_retriable()
+                || matches!(
+                    error,
+                    Error::UnknownProducerId(_) | Error::OutOfOrderSequence(_)
+                ))
+        {
+            // Never appended (above): it waits for the new PID like a batch never sent.
+            batch.sent = false;
+            let at = queue
+                .queued
+                .iter()
+                .position(|b| sequence_before(batch.base_sequence, b.base_sequence))
+                .unwrap_or(queue.queued.len());
+            queue.queued.insert(at, batch);
+            return Vec::new();
+        }
         if error.is_retriable() || transient_gap {
             if now >= batch.created + self.settings.delivery_timeout {
                 let error = Error::Timeout(format!(
@@ -551,6 +599,7 @@ impl<W> Accumulator<W> {
         for queue in self.partitions.values_mut() {
             queue.next_sequence = 0;
             queue.retry_at = None;
+            queue.lost_producer = None;
             // In-flight leftovers (already failed) keep their old identity until answered.
             for b in &mut queue.queued {
                 b.producer = producer;

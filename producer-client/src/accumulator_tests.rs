@@ -317,3 +317,63 @@ fn sequences_wrap_at_i32_max() {
     assert!(sequence_before(3, 6));
     assert!(!sequence_before(6, 6));
 }
+
+/// The leader forgot the PID's state (expired while the producer was idle): the batch it
+/// refuses, the ones in flight behind it and the ones queued all go again, in order, under
+/// the new PID from sequence 0; nothing fails and nothing goes twice under the old PID.
+#[test]
+fn an_idempotent_producer_whose_state_expired_resends_everything_under_a_new_pid() {
+    let (mut a, t0) = acc(Mode::Idempotent);
+    let mut s = settings();
+    s.max_in_flight = 2;
+    a.settings = s;
+    append(&mut a, 0, 0..6, t0);
+    let out = a.drain(t0);
+    assert_eq!(seqs(&out), vec![0, 3]);
+    a.on_response(&tp(0), out[0].id, Ok((0, false)), t0);
+    a.on_response(&tp(0), out[1].id, Ok((3, false)), t0);
+    // Idle for a day; then three batches, two in flight.
+    append(&mut a, 0, 6..15, t0);
+    let out = a.drain(t0);
+    assert_eq!(seqs(&out), vec![6, 9]);
+    let unknown = || Error::UnknownProducerId("no state for producer 7".into());
+    let (ok, failed) = outcomes(a.on_response(&tp(0), out[0].id, Err(unknown()), t0));
+    assert!(
+        ok.is_empty() && failed.is_empty(),
+        "nothing fails: {failed:?}"
+    );
+    assert!(
+        a.drain(t0).is_empty(),
+        "nothing goes again under the old PID"
+    );
+    assert!(!a.needs_new_producer(), "seq 9 is still out");
+    // Seq 9 was sent behind 6: refused the same way, or lost on the way.
+    let (ok, failed) = outcomes(a.on_response(&tp(0), out[1].id, Err(transport()), t0));
+    assert!(ok.is_empty() && failed.is_empty());
+    assert!(a.drain(t0).is_empty());
+    assert!(a.needs_new_producer());
+    a.reset((8, 0));
+    let again = a.drain(t0);
+    assert_eq!(
+        seqs(&again),
+        vec![0, 3],
+        "resequenced from 0, in the old order"
+    );
+    assert!(again.iter().all(|o| o.producer == (8, 0)));
+    let (ok, _) = outcomes(a.on_response(&tp(0), again[0].id, Ok((6, false)), t0));
+    assert_eq!(
+        ok,
+        vec![(6, 6), (7, 7), (8, 8)],
+        "the refused batch's records, in order"
+    );
+    let (ok, _) = outcomes(a.on_response(&tp(0), again[1].id, Ok((9, false)), t0));
+    assert_eq!(
+        ok.iter().map(|(w, _)| *w).collect::<Vec<_>>(),
+        vec![9, 10, 11]
+    );
+    let last = a.drain(t0);
+    assert_eq!(seqs(&last), vec![6]);
+    let (ok, _) = outcomes(a.on_response(&tp(0), last[0].id, Ok((12, false)), t0));
+    assert_eq!(ok.len(), 3);
+    assert!(a.is_idle());
+}
