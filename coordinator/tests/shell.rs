@@ -25,6 +25,8 @@ struct TestStorage {
     removals_released: Condvar,
     /// A removal reached the storage.
     removal_started: AtomicBool,
+    /// Removals fail (after `removal_started` is set).
+    fail_removals: AtomicBool,
 }
 
 impl TestStorage {
@@ -56,6 +58,9 @@ impl Storage for TestStorage {
     fn remove_txns(&self, ids: &[String]) -> Result<(), StorageError> {
         self.check()?;
         self.removal_started.store(true, Ordering::SeqCst);
+        if self.fail_removals.load(Ordering::SeqCst) {
+            return Err(StorageError::Task("injected disk failure".into()));
+        }
         let mut held = self.hold_removals.lock().unwrap();
         while *held {
             held = self.removals_released.wait(held).unwrap();
@@ -501,6 +506,55 @@ async fn an_init_racing_the_expiry_of_its_id_starts_it_afresh_once() {
     assert!(fresh.0 != old.0 && fresh.1 == 0, "{fresh:?} after {old:?}");
     let bumped = t.init().await;
     assert_eq!(bumped, (fresh.0, 1), "the fresh PID was lost");
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// A removal of an expired id that the storage refuses leaves the id as it was, in memory and
+/// on disk: the old instance keeps its PID (a restart finds it, and its next InitProducerId
+/// bumps that PID).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_the_storage_refuses_leaves_the_expired_id_as_it_was() {
+    let cluster = Cluster::start(1).await;
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    storage.fail_removals.store(true, Ordering::SeqCst);
+    let (mut client, stop, task) = serve_on_with(&cluster, storage.clone(), |c| {
+        c.transactional_id_expiration = Duration::from_millis(300);
+        c.timeout_scan_interval = Duration::from_millis(20);
+    })
+    .await;
+    let mut t = Txn::new(client.clone(), "txn-kept");
+    let (pid, epoch) = t.init().await;
+    eventually("the removal reached the storage", || {
+        let storage = storage.clone();
+        async move { storage.removal_started.load(Ordering::SeqCst).then_some(()) }
+    })
+    .await;
+    let d = describe(&mut client, "txn-kept").await;
+    assert_eq!(
+        (d.error_code, d.producer_id, d.producer_epoch),
+        (0, pid, epoch),
+        "still held in memory"
+    );
+    let _ = stop.send(());
+    let _ = task.await.unwrap();
+    assert!(
+        storage
+            .inner
+            .load()
+            .unwrap()
+            .txns
+            .iter()
+            .any(|m| m.transactional_id == "txn-kept"),
+        "still on disk"
+    );
+
+    // A restart (the disk fixed) finds the id with its PID; its next instance bumps that PID.
+    storage.fail_removals.store(false, Ordering::SeqCst);
+    let (client, stop, task) = serve_on(&cluster, storage.clone()).await;
+    let next = Txn::new(client, "txn-kept").init().await;
+    assert_eq!(next, (pid, epoch + 1));
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }
