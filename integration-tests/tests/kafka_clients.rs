@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use integration_tests::{cluster, config, read_topic, tp};
+use integration_tests::{cluster, cluster_with, config, read_topic, tp};
 use producer_client::{IdempotentProducer, Isolation};
 use serde_json::Value;
 use testkit::kafka::{call as kafka_call, offset_fetch_v7, OffsetTxn};
@@ -110,6 +110,57 @@ async fn confluent_kafka_transactions_commit_and_abort_across_partitions() {
     // Our own read_committed consumer (gRPC) agrees with librdkafka's filtering.
     let ours = read_topic(&cluster, "output", Isolation::ReadCommitted).await;
     assert_eq!(ours.values().map(Vec::len).sum::<usize>(), 402);
+    cluster.shutdown().await.unwrap();
+}
+
+/// librdkafka's idempotent producer idle long enough for the leader to forget its state
+/// (producer.id.expiration.ms): its next records get UNKNOWN_PRODUCER_ID, and the client goes on
+/// (KIP-360) without an error, a fatal error, a loss or a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_idempotent_producer_goes_on_after_its_state_expired() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        producer_id_expiration: (Duration::from_millis(400), Duration::from_millis(50)),
+        ..Default::default()
+    })
+    .await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(
+        &python,
+        "idle_idempotent.py",
+        &bootstrap,
+        &["input", "20", "2"],
+    )
+    .await;
+    assert_eq!(report["errors"], serde_json::json!([]), "{report}");
+    assert_eq!(report["fatal"], serde_json::json!([]), "{report}");
+    assert_eq!(report["read"], 40, "{report}");
+    assert_eq!(report["once_in_order"], true, "{report}");
+    // The leader did forget: the producer it knows now started its sequences afresh for the
+    // second half (an epoch bump or a new PID), where one unbroken state would end at 39.
+    let leader = cluster.topology().leader_for("input", 0).unwrap().id;
+    let address = cluster.address(leader).unwrap();
+    let mut client =
+        proto::partition_leader_client::PartitionLeaderClient::connect(format!("http://{address}"))
+            .await
+            .unwrap();
+    let producers = client
+        .describe_producers(proto::DescribeProducersRequest {
+            topic: "input".into(),
+            partition: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .producers;
+    let last: Vec<(i32, i32)> = producers
+        .iter()
+        .map(|p| (p.producer_epoch, p.last_sequence))
+        .collect();
+    assert!(
+        last.iter().any(|(_, seq)| *seq == 19) && last.iter().all(|(_, seq)| *seq != 39),
+        "producer states at the leader: {last:?}"
+    );
     cluster.shutdown().await.unwrap();
 }
 
