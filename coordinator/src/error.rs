@@ -42,6 +42,10 @@ pub enum Error {
     /// (COORDINATOR_NOT_AVAILABLE, retriable once the operator fixed the topology files).
     #[error("{0}")]
     TopologyConflict(String),
+    /// KIP-447: an OffsetFetch requiring stable offsets asked for a partition whose offset a
+    /// transaction committed and whose marker is not applied yet (UNSTABLE_OFFSET_COMMIT).
+    #[error("{0}")]
+    UnstableOffsetCommit(String),
 }
 
 impl Error {
@@ -64,6 +68,7 @@ pub fn error_code(error: &Error) -> ErrorCode {
         Error::Storage(_) => ErrorCode::KafkaStorageError,
         Error::Membership(e) => e.code(),
         Error::TopologyConflict(_) => ErrorCode::CoordinatorNotAvailable,
+        Error::UnstableOffsetCommit(_) => ErrorCode::UnstableOffsetCommit,
         Error::Transport(_) | Error::Config(_) | Error::Io(_) => ErrorCode::UnknownServerError,
     }
 }

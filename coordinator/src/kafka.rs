@@ -333,37 +333,6 @@ impl KafkaCoordinator {
         })
     }
 
-    /// Kafka clients send TxnOffsetCommit to the *group's* coordinator (which checks the
-    /// membership, above); the pending offsets live with the *transaction's* coordinator, which
-    /// sends them to the group with its marker (PROTOCOL.md section 7). When the two differ, the
-    /// request is forwarded over gRPC, as our own client would send it.
-    async fn txn_offset_commit_at_owner(&self, grpc: proto::TxnOffsetCommitRequest) -> i16 {
-        let owner = self
-            .service
-            .topology()
-            .coordinator_for(&grpc.transactional_id)
-            .clone();
-        if self.service.check_owner(&grpc.transactional_id).is_ok()
-            || owner.id == self.service.node_id()
-        {
-            return kafka_result(&self.service.txn_offset_commit(grpc).await);
-        }
-        let forwarded = self
-            .service
-            .forward_txn_offset_commit(&owner.address, grpc)
-            .await;
-        match forwarded {
-            Ok(code) => codes::kafka_code_of(code),
-            Err(e) => {
-                tracing::info!(
-                    coordinator = owner.id,
-                    "forwarding TxnOffsetCommit failed: {e}"
-                );
-                ResponseError::CoordinatorNotAvailable.code()
-            }
-        }
-    }
-
     async fn offset_commit(&self, r: OffsetCommitRequest) -> OffsetCommitResponse {
         let group_id = r.group_id.0.to_string();
         let code = match self.check_group(&group_id).and_then(|()| {
@@ -703,38 +672,9 @@ impl KafkaCoordinator {
         };
         let code = match fenced {
             Err(code) => code,
-            Ok(()) if self.service.check_owner(&group_id).is_err() => {
-                // Not the group's coordinator: the marker would never come here to complete
-                // what this node recorded as pending, so nothing is recorded.
-                self.txn_offset_commit_at_owner(grpc).await
-            }
-            Ok(()) => {
-                // KIP-447: pending from now until the transaction's marker for the group is
-                // applied here (recorded before the transaction records it, so a stable
-                // OffsetFetch can never read the older offset in between).
-                let pid = grpc.producer_id;
-                let partitions = grpc
-                    .offsets
-                    .iter()
-                    .map(|o| cluster::TopicPartition::new(o.topic.clone(), o.partition))
-                    .collect();
-                match self
-                    .service
-                    .record_pending_txn_offsets(&group_id, pid, partitions)
-                    .await
-                {
-                    Err(e) => kafka_error(&e),
-                    Ok(added) => {
-                        let code = self.txn_offset_commit_at_owner(grpc).await;
-                        if code != 0 {
-                            self.service
-                                .forget_pending_txn_offsets(&group_id, pid, added)
-                                .await;
-                        }
-                        code
-                    }
-                }
-            }
+            // KIP-447's pending offsets, then the transaction's coordinator (this node or the
+            // owner, over gRPC), as for our own client.
+            Ok(()) => codes::kafka_code_of(self.service.txn_offset_commit(grpc).await),
         };
         let mut response = TxnOffsetCommitResponse::default();
         response.topics = r
@@ -799,6 +739,8 @@ impl KafkaCoordinator {
         let grpc = proto::OffsetFetchRequest {
             group_id: group_id.clone(),
             partitions,
+            // Decided per partition below, as Kafka answers it.
+            require_stable: false,
         };
         // KIP-447 (v7+): a read_committed consumer asks for stable offsets only.
         let require_stable = version >= 7 && r.require_stable;

@@ -850,3 +850,101 @@ async fn an_idle_transactional_id_expires_and_its_old_instance_stays_fenced() {
     let mut open = Txn::new(client.clone(), "txn-open");
     assert_eq!(open.add(open_pe, vec![tp("t", 2)]).await, ErrorCode::None);
 }
+
+/// KIP-447 over gRPC: a TxnOffsetCommit sent to the group's coordinator (node 2; the
+/// transaction is node 1's) leaves its partitions pending there until the transaction's group
+/// marker is applied. Meanwhile a stable OffsetFetch answers UNSTABLE_OFFSET_COMMIT (for any
+/// partition of the group when it names none) and a plain one the older offset. A commit the
+/// transaction refuses leaves nothing pending. A node that does not coordinate the group takes
+/// the commit only as the transaction's coordinator, recording nothing, else NOT_COORDINATOR.
+#[tokio::test]
+async fn offsets_sent_to_the_groups_coordinator_are_pending_until_the_marker() {
+    let cluster = Cluster::start(2).await;
+    let id = cluster.id_owned_by(1, "txn-447");
+    let group = cluster.id_owned_by(2, "group-447");
+    let mut t = Txn::new(cluster.client(1).await, &id);
+    let mut gc = cluster.client(2).await;
+    let mut via_group = Txn::new(gc.clone(), &id);
+    t.init().await;
+    let pe = t.init().await;
+    assert_eq!(pe.1, 1);
+    assert_eq!(t.add_offsets(pe, &group).await, ErrorCode::None);
+    let stable = |gc: &Client, parts: Vec<proto::TopicPartition>| {
+        let (mut gc, group) = (gc.clone(), group.clone());
+        async move { offset_fetch_as(&mut gc, &group, parts, true).await }
+    };
+
+    // Refused by the transaction's coordinator (an older epoch): nothing stays pending.
+    assert_eq!(
+        via_group
+            .commit_offsets((pe.0, 0), &group, &[("t", 0, 5)])
+            .await,
+        ErrorCode::ProducerFenced
+    );
+    assert_eq!(
+        stable(&gc, vec![tp("t", 0)]).await,
+        (ErrorCode::None, vec![("t".into(), 0, -1)])
+    );
+
+    assert_eq!(
+        via_group.commit_offsets(pe, &group, &[("t", 0, 42)]).await,
+        ErrorCode::None
+    );
+    assert_eq!(t.describe().await.groups, vec![group.clone()]);
+    assert_eq!(
+        stable(&gc, vec![tp("t", 0)]).await.0,
+        ErrorCode::UnstableOffsetCommit
+    );
+    assert_eq!(
+        stable(&gc, vec![]).await.0,
+        ErrorCode::UnstableOffsetCommit,
+        "all of the group's partitions"
+    );
+    assert_eq!(
+        stable(&gc, vec![tp("t", 1)]).await,
+        (ErrorCode::None, vec![("t".into(), 1, -1)]),
+        "another partition is stable"
+    );
+    assert_eq!(
+        offset_fetch(&mut gc, &group, vec![tp("t", 0)]).await,
+        (ErrorCode::None, vec![("t".into(), 0, -1)]),
+        "without require_stable: the older offset"
+    );
+
+    let next = t.end(pe, true).await;
+    t.wait_state(TxnState::CompleteCommit).await;
+    assert_eq!(
+        stable(&gc, vec![tp("t", 0)]).await,
+        (ErrorCode::None, vec![("t".into(), 0, 42)])
+    );
+
+    // Straight to the transaction's coordinator (node 1 does not coordinate the group): taken,
+    // and nothing is pending at the group's coordinator.
+    assert_eq!(t.add_offsets(next, &group).await, ErrorCode::None);
+    assert_eq!(
+        t.commit_offsets(next, &group, &[("t", 0, 50)]).await,
+        ErrorCode::None
+    );
+    assert_eq!(
+        stable(&gc, vec![tp("t", 0)]).await,
+        (ErrorCode::None, vec![("t".into(), 0, 42)])
+    );
+    t.end(next, false).await;
+
+    // A node that coordinates neither the group nor the transaction: NOT_COORDINATOR.
+    let other = cluster.id_owned_by(2, "txn-other");
+    let mut o = Txn::new(gc.clone(), &other);
+    let ope = o.init().await;
+    assert_eq!(o.add_offsets(ope, &group).await, ErrorCode::None);
+    let mut wrong_node = Txn::new(cluster.client(1).await, &other);
+    assert_eq!(
+        wrong_node
+            .commit_offsets(ope, &group, &[("t", 0, 60)])
+            .await,
+        ErrorCode::NotCoordinator
+    );
+    assert_eq!(
+        stable(&gc, vec![tp("t", 0)]).await,
+        (ErrorCode::None, vec![("t".into(), 0, 42)])
+    );
+}

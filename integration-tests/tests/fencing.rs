@@ -431,11 +431,18 @@ async fn end_txn_retry_with_the_same_decision_is_answered_not_fenced() {
 }
 
 /// Consumer-group offsets sent in a transaction are visible (OffsetFetch at the group's
-/// coordinator) only if it commits, and dropped if it aborts: atomic with the records.
+/// coordinator) only if it commits, and dropped if it aborts: atomic with the records. A
+/// read_committed consumer asking while they are pending waits for the transaction's outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_offsets_commit_and_abort_with_the_transaction() {
     let cluster = cluster().await;
-    let group = "g1";
+    // A group coordinated by the node that does not own the transaction: the offsets cross
+    // from one to the other.
+    let group = (1..)
+        .map(|i| format!("g{i}"))
+        .find(|g| cluster.coordinator_for(g) != cluster.coordinator_for("offsets-app"))
+        .unwrap();
+    let group = group.as_str();
     let mut p = producer(&cluster, "offsets-app").await;
     let mut consumer =
         producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
@@ -459,19 +466,30 @@ async fn group_offsets_commit_and_abort_with_the_transaction() {
     p.send_offsets_to_transaction(&offsets(20), group)
         .await
         .unwrap();
-    // Not visible while the transaction is open.
-    assert!(consumer
+    // Not visible while the transaction is open (a read_uncommitted consumer reads what is
+    // committed now) ...
+    let mut uncommitted =
+        producer_client::Consumer::new(config(&cluster), Isolation::ReadUncommitted).unwrap();
+    assert!(uncommitted
         .committed_offsets(group, &[])
         .await
         .unwrap()
         .is_empty());
-    p.commit_transaction().await.unwrap();
-    wait_until(Duration::from_secs(10), "the offsets commit", || async {
+    // ... and a read_committed consumer waits for the transaction's outcome (KIP-447): it never
+    // starts from the offsets a committed transaction is about to replace.
+    let waiting = tokio::spawn({
         let mut c =
             producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
-        c.committed_offsets(group, &[]).await.unwrap() == offsets(20)
-    })
-    .await;
+        let group = group.to_string();
+        async move { c.committed_offsets(&group, &[]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "answered while the offsets were pending"
+    );
+    p.commit_transaction().await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap(), offsets(20));
     assert_eq!(
         consumer
             .committed_offsets(group, &[tp("input", 0)])

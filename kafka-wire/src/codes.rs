@@ -36,6 +36,7 @@ pub fn kafka_code(code: ErrorCode) -> i16 {
         E::OffsetOutOfRange => K::OffsetOutOfRange,
         E::KafkaStorageError => K::KafkaStorageError,
         E::CoordinatorNotAvailable => K::CoordinatorNotAvailable,
+        E::UnstableOffsetCommit => K::UnstableOffsetCommit,
         E::UnknownServerError => K::UnknownServerError,
         E::ClusterAuthorizationFailed => K::ClusterAuthorizationFailed,
         E::InconsistentClusterId => K::InconsistentClusterId,

@@ -317,7 +317,8 @@ impl Consumer {
 
     /// OffsetFetch: the offsets group `group` committed for `partitions` (all of its offsets if
     /// empty), from the group's coordinator (FindCoordinator, key type GROUP). Partitions without
-    /// a committed offset are left out.
+    /// a committed offset are left out. A read_committed consumer waits (retrying with backoff)
+    /// while a transaction's offsets for them await their marker.
     pub async fn committed_offsets(
         &mut self,
         group: &str,
@@ -326,6 +327,10 @@ impl Consumer {
         let request = OffsetFetchRequest {
             group_id: group.to_string(),
             partitions: partitions.iter().cloned().map(Into::into).collect(),
+            // KIP-447, as Kafka's consumer asks: a read_committed consumer never starts from an
+            // offset that a committed transaction is about to replace (UNSTABLE_OFFSET_COMMIT
+            // is retried until its marker is applied).
+            require_stable: self.isolation == Isolation::ReadCommitted,
         };
         let coordinator = self
             .group_coordinators

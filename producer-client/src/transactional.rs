@@ -109,6 +109,9 @@ pub struct TransactionalProducer {
     state: State,
     partitions: BTreeSet<TopicPartition>,
     groups: BTreeSet<String>,
+    /// The coordinator of each consumer group offsets were sent for (TxnOffsetCommit goes there,
+    /// as in Kafka, so that it knows the offsets are pending: KIP-447).
+    group_coordinators: BTreeMap<String, Option<NodeAddr>>,
     /// Accumulator and sender: owns the per-partition sequences of the current epoch.
     pipeline: Pipeline,
     /// An EndTxn whose outcome is unknown: only the same decision may be sent again.
@@ -138,6 +141,7 @@ impl TransactionalProducer {
             state: State::Uninitialized,
             partitions: BTreeSet::new(),
             groups: BTreeSet::new(),
+            group_coordinators: BTreeMap::new(),
             pipeline,
             pending_end: None,
         })
@@ -469,12 +473,23 @@ impl TransactionalProducer {
                 })
                 .collect(),
         };
-        self.coordinator_request(
+        // To the group's coordinator, which records the offsets as pending (a read_committed
+        // consumer's OffsetFetch then waits for this transaction's marker) and hands them to
+        // the transaction's coordinator.
+        let coordinator = self
+            .group_coordinators
+            .entry(group.to_string())
+            .or_default();
+        let committed = coordinator_rpc(
+            &self.conn,
+            coordinator,
+            group,
+            CoordinatorKeyType::Group,
             request,
             |mut c, r| async move { c.txn_offset_commit(r).await },
         )
-        .await
-        .map_err(|e| self.fail(e))?;
+        .await;
+        committed.map_err(|e| self.fail(e))?;
         Ok(())
     }
 

@@ -44,6 +44,7 @@ impl ErrorCode {
                 | Self::ConcurrentTransactions
                 | Self::NotLeaderOrFollower
                 | Self::CoordinatorNotAvailable
+                | Self::UnstableOffsetCommit
         )
     }
 }

@@ -150,8 +150,9 @@ pub fn write_group_marker(
 /// choice) lost its transaction's marker for good (a crash between recording it and learning
 /// that the transaction refused the commit), and must not keep a partition unreadable forever.
 ///
-/// CAVEATS: the gRPC face's TxnOffsetCommit goes to the transaction's coordinator directly and
-/// is not tracked (our own client has no require_stable OffsetFetch).
+/// Both faces track it: Kafka clients and our own client send TxnOffsetCommit to the group's
+/// coordinator. CAVEATS: a TxnOffsetCommit sent straight to the transaction's coordinator (a
+/// client older than this, or a node that does not coordinate the group) is not tracked.
 #[derive(Clone, Debug, Default)]
 pub struct PendingTxnOffsets {
     /// Group -> partition -> the PIDs with a pending commit for it, with when it was recorded
@@ -215,6 +216,22 @@ impl PendingTxnOffsets {
             }
         }
         removed
+    }
+
+    /// The partitions of `group` that [`Self::is_pending`] (same arguments), in order.
+    pub fn pending_partitions(
+        &self,
+        group: &str,
+        now_ms: i64,
+        max_age_ms: i64,
+    ) -> Vec<TopicPartition> {
+        self.groups.get(group).map_or_else(Vec::new, |pending| {
+            pending
+                .keys()
+                .filter(|tp| self.is_pending(group, tp, now_ms, max_age_ms))
+                .cloned()
+                .collect()
+        })
     }
 
     /// Whether a transaction has an offset for `tp` of `group` that is not applied yet and
@@ -448,5 +465,24 @@ mod tests {
         // A newer commit of another PID for the same partition still counts.
         pending.record("g", 8, [tp.clone()], 50_000);
         assert!(pending.is_pending("g", &tp, 1_000 + 60_000, 60_000));
+    }
+
+    #[test]
+    fn the_pending_partitions_of_a_group_are_the_ones_that_count() {
+        let tp = |p| TopicPartition::new("input", p);
+        let mut pending = PendingTxnOffsets::default();
+        assert!(pending.pending_partitions("g", 0, 60_000).is_empty());
+        pending.record("g", 7, [tp(2), tp(0)], 1_000);
+        pending.record("g", 8, [tp(1)], 30_000);
+        pending.record("other", 9, [tp(3)], 30_000);
+        assert_eq!(
+            pending.pending_partitions("g", 40_000, 60_000),
+            vec![tp(0), tp(1), tp(2)]
+        );
+        assert_eq!(
+            pending.pending_partitions("g", 61_000, 60_000),
+            vec![tp(1)],
+            "too old to count"
+        );
     }
 }

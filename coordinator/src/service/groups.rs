@@ -4,12 +4,17 @@
 //! transaction (the Kafka face checks the group membership first). The only room that writes
 //! `__consumer_offsets` and `__group_marker_state`.
 
+use std::sync::Arc;
+
 use cluster::node::lock;
 use cluster::TopicPartition;
+use proto::transaction_coordinator_client::TransactionCoordinatorClient;
+use proto::ErrorCode;
 use tracing::{debug, warn};
 
 use super::{wire, Shared};
 use crate::core::{self, GroupMarker};
+use crate::error::code_of;
 use crate::storage::PendingTxnOffset;
 use crate::Error;
 
@@ -73,7 +78,7 @@ impl Shared {
     /// handed to the transaction: pending in memory, then on disk before it goes on (so a
     /// restarted coordinator still answers UNSTABLE_OFFSET_COMMIT until the marker). Returns
     /// the partitions that were not pending for that PID already.
-    pub(super) async fn record_pending_txn_offsets(
+    async fn record_pending_txn_offsets(
         &self,
         group: &str,
         producer_id: cluster::ProducerId,
@@ -97,9 +102,88 @@ impl Shared {
         Ok(added)
     }
 
+    /// TxnOffsetCommit as the group's coordinator receives it (Kafka clients and our own
+    /// client send it there; the Kafka face checks the membership first). If this node
+    /// coordinates the group, the offsets are pending (KIP-447), durably, BEFORE the
+    /// transaction records them, so a stable OffsetFetch can never read the older offset in
+    /// between; they stop being pending when the transaction's marker for the group is applied,
+    /// or at once if the transaction's coordinator refuses them. That coordinator is this node
+    /// or, over gRPC, the owner of the transactional id. A node that does not coordinate the
+    /// group records nothing (no marker would come here to complete it) and applies the
+    /// request itself as the transaction's coordinator (a request forwarded to it, or a client
+    /// that sends it there), or answers NOT_COORDINATOR: so a request is forwarded at most once.
+    /// The transaction coordinator's answer, as a wire code and message.
+    pub(super) async fn txn_offset_commit_at_group(
+        self: &Arc<Self>,
+        request: proto::TxnOffsetCommitRequest,
+    ) -> (i32, String) {
+        let (caller, group, offsets) = match wire::txn_offset_commit(request.clone()) {
+            Ok(checked) => checked,
+            Err(e) => return code_of::<()>(&Err(e)),
+        };
+        if self.check_owner(&group).is_err() {
+            return code_of(&self.txn_offset_commit(caller, group, offsets).await);
+        }
+        let partitions = offsets.iter().map(|(tp, _)| tp.clone()).collect();
+        let pid = caller.producer.producer_id;
+        let added = match self
+            .record_pending_txn_offsets(&group, pid, partitions)
+            .await
+        {
+            Ok(added) => added,
+            Err(e) => return code_of::<()>(&Err(e)),
+        };
+        let owner = self.topology.coordinator_for(&caller.id).clone();
+        let (code, message) = if owner.id == self.node_id {
+            code_of(&self.txn_offset_commit(caller, group.clone(), offsets).await)
+        } else {
+            self.forward_txn_offset_commit(&owner, request).await
+        };
+        if code != ErrorCode::None as i32 {
+            self.forget_pending_txn_offsets(&group, pid, added).await;
+        }
+        (code, message)
+    }
+
+    /// TxnOffsetCommit handed to `owner`, the transactional id's coordinator, over gRPC (a
+    /// client API, so unsigned) on this node's cached channel; COORDINATOR_NOT_AVAILABLE when
+    /// it cannot be reached.
+    async fn forward_txn_offset_commit(
+        &self,
+        owner: &cluster::Node,
+        request: proto::TxnOffsetCommitRequest,
+    ) -> (i32, String) {
+        let channel = match self.channel(&owner.address) {
+            Ok(channel) => channel,
+            Err(e) => return (ErrorCode::CoordinatorNotAvailable as i32, e),
+        };
+        match TransactionCoordinatorClient::new(channel)
+            .txn_offset_commit(request)
+            .await
+        {
+            Ok(reply) => {
+                let reply = reply.into_inner();
+                (reply.error_code, reply.error_message)
+            }
+            Err(status) => {
+                debug!(
+                    coordinator = owner.id,
+                    "forwarding TxnOffsetCommit failed: {status}"
+                );
+                (
+                    ErrorCode::CoordinatorNotAvailable as i32,
+                    format!(
+                        "the transaction's coordinator {} did not answer: {status}",
+                        owner.id
+                    ),
+                )
+            }
+        }
+    }
+
     /// The TxnOffsetCommit announced by [`Self::record_pending_txn_offsets`] was refused:
     /// `partitions` (what it returned) are no longer pending for `producer_id`.
-    pub(super) async fn forget_pending_txn_offsets(
+    async fn forget_pending_txn_offsets(
         &self,
         group: &str,
         producer_id: cluster::ProducerId,
@@ -181,13 +265,35 @@ impl Shared {
     }
 
     /// OffsetFetch: the committed offsets of `group` for `partitions` (-1 where none), or all of
-    /// them when `partitions` is empty.
+    /// them when `partitions` is empty. With `require_stable` (KIP-447), UNSTABLE_OFFSET_COMMIT
+    /// instead while a transaction's offset for one of them (any of the group's, when
+    /// `partitions` is empty) is not applied yet.
     pub(super) async fn offset_fetch(
         &self,
         group: String,
         partitions: Vec<TopicPartition>,
+        require_stable: bool,
     ) -> Result<Vec<proto::PartitionOffset>, Error> {
         self.check_owner(&group)?;
+        if require_stable {
+            let unstable = if partitions.is_empty() {
+                let max_age = self.max_pending_age_ms();
+                lock(&self.pending_txn_offsets)
+                    .pending_partitions(&group, cluster::node::now_ms(), max_age)
+                    .into_iter()
+                    .next()
+            } else {
+                partitions
+                    .iter()
+                    .find(|tp| self.txn_offset_pending(&group, tp))
+                    .cloned()
+            };
+            if let Some(tp) = unstable {
+                return Err(Error::UnstableOffsetCommit(format!(
+                    "a transaction's offset for {tp} of group {group} is not applied yet; retry"
+                )));
+            }
+        }
         let committed = self.blocking(move |st| st.group_offsets(&group)).await?;
         if partitions.is_empty() {
             return Ok(wire::offsets(&committed));

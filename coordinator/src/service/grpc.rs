@@ -136,13 +136,10 @@ impl TransactionCoordinator for CoordinatorService {
             request.get_ref().transactional_id.clone(),
             request.get_ref().producer_id,
         );
-        let result = match wire::txn_offset_commit(request.into_inner()) {
-            Ok((caller, group, offsets)) => {
-                self.shared.txn_offset_commit(caller, group, offsets).await
-            }
-            Err(e) => Err(e),
-        };
-        let (error_code, error_message) = code_of(&result);
+        let (error_code, error_message) = self
+            .shared
+            .txn_offset_commit_at_group(request.into_inner())
+            .await;
         self.shared
             .count("TxnOffsetCommit", error_code, &txn_id, pid);
         Ok(Response::new(proto::TxnOffsetCommitResponse {
@@ -159,7 +156,11 @@ impl TransactionCoordinator for CoordinatorService {
         debug!("OffsetFetch");
         let (txn_id, pid) = (String::new(), cluster::NO_PRODUCER_ID);
         let result = match wire::offset_fetch(request.into_inner()) {
-            Ok((group, partitions)) => self.shared.offset_fetch(group, partitions).await,
+            Ok((group, partitions, require_stable)) => {
+                self.shared
+                    .offset_fetch(group, partitions, require_stable)
+                    .await
+            }
             Err(e) => Err(e),
         };
         let (error_code, error_message) = code_of(&result);

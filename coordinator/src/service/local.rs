@@ -6,8 +6,7 @@
 
 use std::sync::Arc;
 
-use cluster::{NodeId, Topology};
-use proto::transaction_coordinator_client::TransactionCoordinatorClient;
+use cluster::Topology;
 use proto::transaction_coordinator_server::TransactionCoordinator;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -34,11 +33,6 @@ impl LocalService {
     /// The cluster topology.
     pub(crate) fn topology(&self) -> &Topology {
         &self.shared.topology
-    }
-
-    /// This node's id.
-    pub(crate) fn node_id(&self) -> NodeId {
-        self.shared.node_id
     }
 
     /// NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS (or a topology disagreement) unless this
@@ -80,28 +74,10 @@ impl LocalService {
         self.shared.add_offsets(caller, group).await
     }
 
-    /// TxnOffsetCommit, on this node (the transaction's coordinator).
-    pub(crate) async fn txn_offset_commit(
-        &self,
-        request: proto::TxnOffsetCommitRequest,
-    ) -> Result<(), Error> {
-        let (caller, group, offsets) = wire::txn_offset_commit(request)?;
-        self.shared.txn_offset_commit(caller, group, offsets).await
-    }
-
-    /// TxnOffsetCommit sent to the transaction's coordinator at `address` over gRPC (a client
-    /// API, so unsigned), on this node's cached channel: its wire error code, or why it was not
-    /// answered.
-    pub(crate) async fn forward_txn_offset_commit(
-        &self,
-        address: &str,
-        request: proto::TxnOffsetCommitRequest,
-    ) -> Result<i32, String> {
-        let reply = TransactionCoordinatorClient::new(self.shared.channel(address)?)
-            .txn_offset_commit(request)
-            .await
-            .map_err(|s| s.to_string())?;
-        Ok(reply.into_inner().error_code)
+    /// TxnOffsetCommit as the group's coordinator takes it (see `Shared`'s
+    /// `txn_offset_commit_at_group`): the wire code of the answer.
+    pub(crate) async fn txn_offset_commit(&self, request: proto::TxnOffsetCommitRequest) -> i32 {
+        self.shared.txn_offset_commit_at_group(request).await.0
     }
 
     /// EndTxn: the caller's (PID, epoch) from now on.
@@ -118,33 +94,9 @@ impl LocalService {
         &self,
         request: proto::OffsetFetchRequest,
     ) -> Result<Vec<proto::PartitionOffset>, Error> {
-        let (group, partitions) = wire::offset_fetch(request)?;
-        self.shared.offset_fetch(group, partitions).await
-    }
-
-    /// KIP-447: a TxnOffsetCommit of `producer_id` for `partitions` of `group` (a group this
-    /// node coordinates) is about to be handed to the transaction: pending from now on, durably.
-    /// Returns what to pass to [`Self::forget_pending_txn_offsets`] if it is refused.
-    pub(crate) async fn record_pending_txn_offsets(
-        &self,
-        group: &str,
-        producer_id: cluster::ProducerId,
-        partitions: Vec<cluster::TopicPartition>,
-    ) -> Result<Vec<cluster::TopicPartition>, Error> {
+        let (group, partitions, require_stable) = wire::offset_fetch(request)?;
         self.shared
-            .record_pending_txn_offsets(group, producer_id, partitions)
-            .await
-    }
-
-    /// The TxnOffsetCommit announced by [`Self::record_pending_txn_offsets`] was refused.
-    pub(crate) async fn forget_pending_txn_offsets(
-        &self,
-        group: &str,
-        producer_id: cluster::ProducerId,
-        partitions: Vec<cluster::TopicPartition>,
-    ) {
-        self.shared
-            .forget_pending_txn_offsets(group, producer_id, partitions)
+            .offset_fetch(group, partitions, require_stable)
             .await
     }
 

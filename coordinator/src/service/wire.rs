@@ -144,10 +144,10 @@ pub(super) fn verify_transaction(
 /// OffsetFetch: the group and the partitions asked for (empty: all).
 pub(super) fn offset_fetch(
     request: proto::OffsetFetchRequest,
-) -> Result<(String, Vec<TopicPartition>), Error> {
+) -> Result<(String, Vec<TopicPartition>, bool), Error> {
     check_id("group id", &request.group_id)?;
     let partitions = check_partitions(request.partitions)?;
-    Ok((request.group_id, partitions))
+    Ok((request.group_id, partitions, request.require_stable))
 }
 
 /// WriteGroupOffsetMarker, as the group's coordinator receives it.

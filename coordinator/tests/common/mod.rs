@@ -377,10 +377,21 @@ pub async fn offset_fetch(
     group: &str,
     parts: Vec<proto::TopicPartition>,
 ) -> (ErrorCode, Vec<(String, i32, i64)>) {
+    offset_fetch_as(client, group, parts, false).await
+}
+
+/// [`offset_fetch`], requiring stable offsets (KIP-447) when `require_stable`.
+pub async fn offset_fetch_as(
+    client: &mut Client,
+    group: &str,
+    parts: Vec<proto::TopicPartition>,
+    require_stable: bool,
+) -> (ErrorCode, Vec<(String, i32, i64)>) {
     let r = client
         .offset_fetch(OffsetFetchRequest {
             group_id: group.into(),
             partitions: parts,
+            require_stable,
         })
         .await
         .unwrap()
