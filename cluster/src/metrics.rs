@@ -246,22 +246,31 @@ impl Metrics {
         producer_id: ProducerId,
     ) {
         let code = ErrorCode::from_wire(error_code);
+        self.request_named(request, code.name(), transactional_id, producer_id);
+    }
+
+    /// [`Metrics::request`] with the error's name (`NONE`, `PRODUCER_FENCED`, ...): how the
+    /// Kafka face counts, under Kafka's error names.
+    pub fn request_named(
+        &self,
+        request: &str,
+        error: &str,
+        transactional_id: &str,
+        producer_id: ProducerId,
+    ) {
         self.inner
             .requests
             .get_or_create(&RequestLabels {
                 request: request.to_string(),
-                error: code.name().to_string(),
+                error: error.to_string(),
             })
             .inc();
-        if matches!(
-            code,
-            ErrorCode::ProducerFenced | ErrorCode::InvalidProducerEpoch
-        ) {
+        if matches!(error, "PRODUCER_FENCED" | "INVALID_PRODUCER_EPOCH") {
             self.inner
                 .fenced
                 .get_or_create(&FencedLabels {
                     request: request.to_string(),
-                    error: code.name().to_string(),
+                    error: error.to_string(),
                     transactional_id: transactional_id.to_string(),
                     producer_id: producer_id.to_string(),
                 })

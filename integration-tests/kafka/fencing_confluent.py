@@ -48,4 +48,4 @@ check(not any("-A-" in v for v in values), "A's records are visible to read_comm
 check(sorted(v for v in values if "-B-" in v) == ["%s-B-%d" % (run, i) for i in range(3)],
       "B's committed records are missing: %s" % values)
 report(a_error=a_error.name(), a_fatal=a_error.fatal(), a_txn_requires_abort=a_error.txn_requires_abort(),
-       a_retriable=a_error.retriable(), b_committed=3, a_visible=0)
+       a_retriable=a_error.retriable(), b_committed=3, a_visible=0, txn_id=txn_id)

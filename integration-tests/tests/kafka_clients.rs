@@ -175,7 +175,33 @@ async fn confluent_kafka_zombie_is_fenced_by_a_new_instance() {
     assert_eq!(report["a_txn_requires_abort"], false, "{report}");
     assert_eq!(report["b_committed"], 3);
     assert_eq!(report["a_visible"], 0);
+    // The Kafka face counts what it answered, as the gRPC face does: the zombie's refusal under
+    // its transactional id, and both instances' InitProducerId.
+    let txn_id = report["txn_id"].as_str().unwrap();
+    let fenced = metric_sum(
+        &cluster,
+        "minibroker_fenced_requests_total",
+        &[("transactional_id", txn_id)],
+    );
+    assert!(fenced >= 1.0, "fenced requests of {txn_id}: {fenced}");
+    let inits = metric_sum(
+        &cluster,
+        "kafka_network_requestmetrics_errors_total",
+        &[("request", "InitProducerId"), ("error", "NONE")],
+    );
+    assert!(inits >= 2.0, "InitProducerId answered: {inits}");
     cluster.shutdown().await.unwrap();
+}
+
+/// The sum of a metric's samples over every node of the cluster.
+fn metric_sum(cluster: &minibroker::EmbeddedCluster, name: &str, labels: &[(&str, &str)]) -> f64 {
+    cluster
+        .coordinator_ids()
+        .into_iter()
+        .chain(cluster.leader_ids())
+        .filter_map(|id| cluster.metrics(id))
+        .filter_map(|m| cluster::metrics::sample(&m.render(), name, labels))
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

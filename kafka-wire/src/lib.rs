@@ -13,6 +13,7 @@
 //! - [`metadata`]: Metadata and FindCoordinator, answered from the static [`cluster::Topology`]
 //!   (every node answers them the same way).
 //! - [`codes`]: mini-broker's wire error codes -> Kafka's error codes, in one table.
+//! - [`observe`]: what a response counts in the node's metrics (error codes, who was fenced).
 //! - [`refuse`]: the answers of a node of the other role (NOT_LEADER_OR_FOLLOWER,
 //!   NOT_COORDINATOR), since every node advertises the cluster's whole table.
 //!
@@ -34,6 +35,7 @@
 pub mod apis;
 pub mod codes;
 pub mod metadata;
+pub mod observe;
 pub mod refuse;
 pub mod server;
 

@@ -71,6 +71,8 @@ pub struct ServerConfig {
     pub frame_timeout: Duration,
     /// Longest a connection may sit idle between requests.
     pub idle_timeout: Duration,
+    /// Where answered requests are counted ([`crate::observe`]), next to the gRPC face's.
+    pub metrics: Option<cluster::metrics::Metrics>,
 }
 
 impl ServerConfig {
@@ -82,6 +84,7 @@ impl ServerConfig {
             max_frame_bytes: 64 * 1024 * 1024,
             frame_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(600),
+            metrics: None,
         }
     }
 }
@@ -231,6 +234,10 @@ async fn answer<H: Handler>(
         debug!(api = ?api_key, version, trailing = frame.remaining(), "trailing bytes ignored");
     }
     let config = &shared.config;
+    let caller = config
+        .metrics
+        .as_ref()
+        .map(|_| crate::observe::caller(&body));
     let response = match body {
         RequestKind::ApiVersions(_) => {
             Some(ResponseKind::ApiVersions(shared.table.api_versions(None)))
@@ -261,6 +268,15 @@ async fn answer<H: Handler>(
                 .await?
         }
     };
+    if let (Some(metrics), Some((transactional_id, producer_id)), Some(response)) =
+        (&config.metrics, &caller, &response)
+    {
+        let request = format!("{api_key:?}");
+        for code in crate::observe::error_codes(response) {
+            let error = crate::observe::error_name(code);
+            metrics.request_named(&request, &error, transactional_id, *producer_id);
+        }
+    }
     Ok(response.map(|r| (ResponseVersion::new(api_key, version), correlation_id, r)))
 }
 

@@ -321,7 +321,9 @@ async fn serve_inner(
     let server = tokio::spawn(server);
     if let Some(kafka_listener) = kafka_listener {
         // Joined with the other background tasks below, so it ends before the storage closes.
-        let kafka_config = kafka_wire::ServerConfig::new(shared.node_id, shared.topology.clone());
+        let mut kafka_config =
+            kafka_wire::ServerConfig::new(shared.node_id, shared.topology.clone());
+        kafka_config.metrics = Some(shared.config.metrics.clone());
         let handler = Arc::new(crate::kafka::KafkaCoordinator::new(LocalService::new(
             shared.clone(),
         )));

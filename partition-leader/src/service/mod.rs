@@ -779,7 +779,8 @@ async fn serve_inner(
         expiry_interval,
     ));
     let kafka = kafka_listener.map(|kafka_listener| {
-        let kafka_config = kafka_wire::ServerConfig::new(node_id, topology.clone());
+        let mut kafka_config = kafka_wire::ServerConfig::new(node_id, topology.clone());
+        kafka_config.metrics = Some(service.inner.metrics.clone());
         let handler = Arc::new(crate::kafka::KafkaLeader::new(service.clone()));
         let mut stopped = service.stopping();
         tokio::spawn(kafka_wire::serve(
