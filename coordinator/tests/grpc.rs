@@ -948,3 +948,38 @@ async fn offsets_sent_to_the_groups_coordinator_are_pending_until_the_marker() {
         (ErrorCode::None, vec![("t".into(), 0, 42)])
     );
 }
+
+/// When the transaction's coordinator does not answer a forwarded TxnOffsetCommit, the
+/// outcome is unknown (it may hold the offsets), so the group's coordinator keeps them pending
+/// until the transaction's marker for the group, here its abort after a restart.
+#[tokio::test]
+async fn offsets_whose_forwarding_got_no_answer_stay_pending_until_the_marker() {
+    let mut cluster = Cluster::start(2).await;
+    let id = cluster.id_owned_by(1, "txn-unknown");
+    let group = cluster.id_owned_by(2, "group-unknown");
+    let mut t = Txn::new(cluster.client(1).await, &id);
+    let mut gc = cluster.client(2).await;
+    let pe = t.init().await;
+    assert_eq!(t.add_offsets(pe, &group).await, ErrorCode::None);
+    cluster.stop(1).await;
+    let mut via_group = Txn::new(gc.clone(), &id);
+    assert_eq!(
+        via_group.commit_offsets(pe, &group, &[("t", 0, 7)]).await,
+        ErrorCode::CoordinatorNotAvailable
+    );
+    assert_eq!(
+        offset_fetch_as(&mut gc, &group, vec![tp("t", 0)], true)
+            .await
+            .0,
+        ErrorCode::UnstableOffsetCommit,
+        "kept pending: the outcome is unknown"
+    );
+    cluster.restart(1).await;
+    let mut t = Txn::new(cluster.client(1).await, &id);
+    t.end(pe, false).await;
+    t.wait_state(TxnState::CompleteAbort).await;
+    assert_eq!(
+        offset_fetch_as(&mut gc, &group, vec![tp("t", 0)], true).await,
+        (ErrorCode::None, vec![("t".into(), 0, -1)])
+    );
+}

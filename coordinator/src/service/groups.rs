@@ -134,49 +134,54 @@ impl Shared {
             Err(e) => return code_of::<()>(&Err(e)),
         };
         let owner = self.topology.coordinator_for(&caller.id).clone();
-        let (code, message) = if owner.id == self.node_id {
-            code_of(&self.txn_offset_commit(caller, group.clone(), offsets).await)
+        let answer = if owner.id == self.node_id {
+            Ok(code_of(
+                &self.txn_offset_commit(caller, group.clone(), offsets).await,
+            ))
         } else {
             self.forward_txn_offset_commit(&owner, request).await
         };
-        if code != ErrorCode::None as i32 {
-            self.forget_pending_txn_offsets(&group, pid, added).await;
+        match answer {
+            Ok((code, message)) => {
+                if code != ErrorCode::None as i32 {
+                    // Refused: the transaction does not hold these offsets.
+                    self.forget_pending_txn_offsets(&group, pid, added).await;
+                }
+                (code, message)
+            }
+            // No answer: the transaction may hold them, so they stay pending until its marker
+            // for the group (a group in the transaction gets one, COMMIT or ABORT), or until
+            // they age out (`max_pending_age_ms`).
+            Err(message) => (ErrorCode::CoordinatorNotAvailable as i32, message),
         }
-        (code, message)
     }
 
     /// TxnOffsetCommit handed to `owner`, the transactional id's coordinator, over gRPC (a
-    /// client API, so unsigned) on this node's cached channel; COORDINATOR_NOT_AVAILABLE when
-    /// it cannot be reached.
+    /// client API, so unsigned) on this node's cached channel: its answer, or why there was
+    /// none (the outcome is then unknown).
     async fn forward_txn_offset_commit(
         &self,
         owner: &cluster::Node,
         request: proto::TxnOffsetCommitRequest,
-    ) -> (i32, String) {
-        let channel = match self.channel(&owner.address) {
-            Ok(channel) => channel,
-            Err(e) => return (ErrorCode::CoordinatorNotAvailable as i32, e),
-        };
+    ) -> Result<(i32, String), String> {
+        let channel = self.channel(&owner.address)?;
         match TransactionCoordinatorClient::new(channel)
             .txn_offset_commit(request)
             .await
         {
             Ok(reply) => {
                 let reply = reply.into_inner();
-                (reply.error_code, reply.error_message)
+                Ok((reply.error_code, reply.error_message))
             }
             Err(status) => {
                 debug!(
                     coordinator = owner.id,
                     "forwarding TxnOffsetCommit failed: {status}"
                 );
-                (
-                    ErrorCode::CoordinatorNotAvailable as i32,
-                    format!(
-                        "the transaction's coordinator {} did not answer: {status}",
-                        owner.id
-                    ),
-                )
+                Err(format!(
+                    "the transaction's coordinator {} did not answer: {status}",
+                    owner.id
+                ))
             }
         }
     }
