@@ -21,6 +21,11 @@
 //! SyncGroup requests until [`GroupMembership::join_result`] / [`GroupMembership::sync_result`]
 //! has their answer, and calls [`tick`] periodically.
 //!
+//! The first round of an Empty group waits `group.initial.rebalance.delay.ms` (Kafka's, 3 s by
+//! default; [`GroupMembership::with_initial_delay`]) even when every member has joined, and each
+//! join within it pushes it on by that much again, up to the round's deadline: consumers started
+//! together get one rebalance instead of one per consumer.
+//!
 //! Choices: a member id is `client_id-<n>`; from JoinGroup v4 a member without an id first gets
 //! MEMBER_ID_REQUIRED with its new id (KIP-394). A member's session does not expire while its
 //! JoinGroup or SyncGroup is parked (Kafka does the same by resetting it on each call).
@@ -28,7 +33,7 @@
 //! CAVEATS: membership is not persisted (a restarted coordinator starts every group Empty at
 //! generation 0: members rejoin, and a zombie's commit with an older generation is then
 //! UNKNOWN_MEMBER_ID instead of ILLEGAL_GENERATION, fenced all the same); no static membership
-//! beyond the FENCED_INSTANCE_ID check; no group.initial.rebalance.delay; no max group size.
+//! beyond the FENCED_INSTANCE_ID check; no max group size.
 //!
 //! [`tick`]: GroupMembership::tick
 
@@ -151,11 +156,23 @@ pub struct GroupMembership {
     /// Ids handed out with MEMBER_ID_REQUIRED, not joined yet.
     pending: BTreeSet<String>,
     next_member: u64,
+    /// Kafka's `group.initial.rebalance.delay.ms` (0: none).
+    initial_delay_ms: i64,
+    /// The first round of an Empty group completes no earlier than this, even with every
+    /// member joined: each join pushes it on by `initial_delay_ms`, up to the round's deadline.
+    initial_until_ms: Option<i64>,
 }
 
 impl GroupMembership {
-    /// An Empty group at generation 0.
+    /// An Empty group at generation 0, without an initial rebalance delay.
     pub fn new(group_id: &str) -> Self {
+        Self::with_initial_delay(group_id, 0)
+    }
+
+    /// An Empty group at generation 0 whose first round (from Empty) waits
+    /// `initial_delay_ms` for more members (Kafka's `group.initial.rebalance.delay.ms`), so
+    /// consumers started together get one rebalance rather than one each.
+    pub fn with_initial_delay(group_id: &str, initial_delay_ms: i64) -> Self {
         Self {
             group_id: group_id.to_string(),
             generation: 0,
@@ -166,6 +183,8 @@ impl GroupMembership {
             members: BTreeMap::new(),
             pending: BTreeSet::new(),
             next_member: 0,
+            initial_delay_ms: initial_delay_ms.max(0),
+            initial_until_ms: None,
         }
     }
 
@@ -276,20 +295,28 @@ impl GroupMembership {
         Ok(member_id)
     }
 
-    /// Starts a rebalance round (if one is not already running).
+    /// Starts a rebalance round (if one is not already running); a round from Empty waits
+    /// the initial delay, pushed on by every join within it (up to the round's deadline).
     fn prepare_rebalance(&mut self, now_ms: i64) {
-        if matches!(self.state, GroupState::PreparingRebalance { .. }) {
+        if let GroupState::PreparingRebalance { deadline_ms } = self.state {
+            if let Some(until) = &mut self.initial_until_ms {
+                *until = (*until)
+                    .max(now_ms + self.initial_delay_ms)
+                    .min(deadline_ms);
+            }
             return;
         }
+        let from_empty = self.state == GroupState::Empty;
         let timeout = self
             .members
             .values()
             .map(|m| m.rebalance_timeout_ms)
             .max()
             .unwrap_or(0);
-        self.state = GroupState::PreparingRebalance {
-            deadline_ms: now_ms + i64::from(timeout),
-        };
+        let deadline_ms = now_ms + i64::from(timeout);
+        self.state = GroupState::PreparingRebalance { deadline_ms };
+        self.initial_until_ms = (from_empty && self.initial_delay_ms > 0)
+            .then(|| (now_ms + self.initial_delay_ms).min(deadline_ms));
         for m in self.members.values_mut() {
             m.assignment.clear();
             // A parked SyncGroup is answered REBALANCE_IN_PROGRESS now; its session restarts
@@ -309,9 +336,11 @@ impl GroupMembership {
             return;
         };
         let all_joined = self.members.values().all(|m| m.awaiting_join);
-        if !all_joined && now_ms < deadline_ms {
+        let delayed = self.initial_until_ms.is_some_and(|until| now_ms < until);
+        if (!all_joined || delayed) && now_ms < deadline_ms {
             return;
         }
+        self.initial_until_ms = None;
         self.members.retain(|_, m| m.awaiting_join);
         self.generation += 1;
         if self.members.is_empty() {
@@ -611,6 +640,49 @@ mod tests {
         assert_eq!(g.sync_result(&a, 2).unwrap().unwrap(), b"0");
         assert_eq!(g.state(), GroupState::Stable);
         (g, a, b)
+    }
+
+    /// group.initial.rebalance.delay: consumers that join an Empty group one after another
+    /// within the delay all land in its first generation; each join pushes the round on, never
+    /// past its deadline; later rounds (not from Empty) are not delayed.
+    #[test]
+    fn the_first_round_of_an_empty_group_waits_for_more_members() {
+        let mut g = GroupMembership::with_initial_delay("g", 3_000);
+        let a = g.join(join("", &["range"]), 0).unwrap();
+        g.tick(2_999);
+        assert!(g.join_result(&a).is_none(), "alone, but within the delay");
+        let b = g.join(join("", &["range"]), 2_000).unwrap();
+        g.tick(4_999);
+        assert!(
+            g.join_result(&a).is_none(),
+            "B's join pushed the round to 5 000"
+        );
+        g.tick(5_000);
+        let (ra, rb) = (
+            g.join_result(&a).unwrap().unwrap(),
+            g.join_result(&b).unwrap().unwrap(),
+        );
+        assert_eq!(
+            (ra.generation, rb.generation),
+            (1, 1),
+            "one rebalance for both"
+        );
+        assert_eq!(ra.members.len(), 2);
+        g.sync(&a, 1, vec![], 5_001).unwrap();
+        // A third member: not from Empty, so no delay once everyone rejoined.
+        let c = g.join(join("", &["range"]), 6_000).unwrap();
+        g.join(join(&a, &["range"]), 6_001).unwrap();
+        g.join(join(&b, &["range"]), 6_002).unwrap();
+        assert_eq!(g.join_result(&c).unwrap().unwrap().generation, 2);
+
+        // Joins keep coming: the round still completes by its deadline (rebalance timeout).
+        let mut g = GroupMembership::with_initial_delay("g", 20_000);
+        let first = g.join(join("", &["range"]), 0).unwrap();
+        g.join(join("", &["range"]), 15_000).unwrap();
+        g.tick(29_999);
+        assert!(g.join_result(&first).is_none());
+        g.tick(30_000);
+        assert_eq!(g.join_result(&first).unwrap().unwrap().generation, 1);
     }
 
     #[test]

@@ -128,7 +128,10 @@ impl KafkaCoordinator {
             .entry(group_id.to_string())
             .or_insert_with(|| {
                 Arc::new(GroupSlot {
-                    membership: Mutex::new(GroupMembership::new(group_id)),
+                    membership: Mutex::new(GroupMembership::with_initial_delay(
+                        group_id,
+                        self.service.group_initial_rebalance_delay_ms(),
+                    )),
                     changed: tokio::sync::Notify::new(),
                 })
             })

@@ -62,6 +62,7 @@ pub mod storage;
 
 pub use error::{error_code, Error};
 pub use service::{
-    serve, serve_with_kafka, serve_with_storage, CoordinatorConfig, DEFAULT_MAX_PREPARE_WAIT,
+    serve, serve_with_kafka, serve_with_storage, CoordinatorConfig,
+    DEFAULT_GROUP_INITIAL_REBALANCE_DELAY, DEFAULT_MAX_PREPARE_WAIT,
     DEFAULT_TRANSACTIONAL_ID_EXPIRATION,
 };

@@ -59,6 +59,10 @@ struct Args {
     /// in milliseconds (Kafka's transactional.id.expiration.ms; default 7 days).
     #[arg(long, env = "TRANSACTIONAL_ID_EXPIRATION_MS", default_value_t = coordinator::DEFAULT_TRANSACTIONAL_ID_EXPIRATION.as_millis() as u64)]
     transactional_id_expiration_ms: u64,
+    /// How long the first rebalance of an empty consumer group waits for more members, in
+    /// milliseconds (Kafka's group.initial.rebalance.delay.ms; default 3000).
+    #[arg(long, env = "GROUP_INITIAL_REBALANCE_DELAY_MS", default_value_t = coordinator::DEFAULT_GROUP_INITIAL_REBALANCE_DELAY.as_millis() as u64)]
+    group_initial_rebalance_delay_ms: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 0.0.0.0:9404.
     #[arg(long, env = "METRICS_LISTEN")]
     metrics_listen: Option<String>,
@@ -91,6 +95,8 @@ async fn main() -> anyhow::Result<()> {
     })?;
     config.max_prepare_wait = Duration::from_millis(args.max_prepare_wait_ms);
     config.transactional_id_expiration = Duration::from_millis(args.transactional_id_expiration_ms);
+    config.group_initial_rebalance_delay =
+        Duration::from_millis(args.group_initial_rebalance_delay_ms);
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

@@ -1028,3 +1028,55 @@ async fn a_stable_offset_fetch_waits_for_the_pending_transactional_offsets() {
     assert_eq!(stable_offset().await, 5);
     cluster.shutdown().await.unwrap();
 }
+
+/// group.initial.rebalance.delay.ms (3 s by default, as Kafka's): two consumers joining a new
+/// group a second apart both land in its first generation, and the first waits out the delay
+/// rather than getting a generation of its own that the second would end at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consumers_joining_a_new_group_together_share_its_first_rebalance() {
+    use kafka_protocol::messages::*;
+    let cluster = cluster().await;
+    let group = "initial-delay-group";
+    let coordinator = cluster
+        .kafka_address(cluster.coordinator_for(group))
+        .unwrap();
+    let join = || {
+        let s = str_bytes;
+        let mut j = JoinGroupRequest::default();
+        j.group_id = GroupId(s(group));
+        j.session_timeout_ms = 30_000;
+        j.rebalance_timeout_ms = 30_000;
+        j.protocol_type = s("consumer");
+        let mut p = join_group_request::JoinGroupRequestProtocol::default();
+        p.name = s("range");
+        j.protocols = vec![p];
+        RequestKind::JoinGroup(j)
+    };
+    let started = std::time::Instant::now();
+    // v3: a new member gets its id in the answer (no MEMBER_ID_REQUIRED round trip).
+    let first = tokio::spawn(kafka_call(coordinator, ApiKey::JoinGroup, 3, join()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = kafka_call(coordinator, ApiKey::JoinGroup, 3, join()).await;
+    let first = first.await.unwrap();
+    let waited = started.elapsed();
+    let (ResponseKind::JoinGroup(first), ResponseKind::JoinGroup(second)) = (first, second) else {
+        panic!("JoinGroup responses expected");
+    };
+    assert_eq!((first.error_code, second.error_code), (0, 0));
+    assert_eq!(
+        (first.generation_id, second.generation_id),
+        (1, 1),
+        "one rebalance for both"
+    );
+    let leader = if first.member_id == first.leader {
+        &first
+    } else {
+        &second
+    };
+    assert_eq!(leader.members.len(), 2, "the leader sees both members");
+    assert!(
+        waited >= Duration::from_secs(3),
+        "the round completed after {waited:?}, within the initial delay"
+    );
+    cluster.shutdown().await.unwrap();
+}

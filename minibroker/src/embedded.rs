@@ -53,6 +53,8 @@ pub struct EmbeddedOptions {
     pub max_transaction_timeout_ms: i32,
     /// DANGER: leaders skip the epoch check (to show that the demo's checker catches it).
     pub unsafe_skip_epoch_check: bool,
+    /// Coordinators' `group.initial.rebalance.delay.ms` (default 3 s, as Kafka's).
+    pub group_initial_rebalance_delay: Duration,
     /// Leaders' `producer.id.expiration.ms` and how often they look for expired states
     /// (default 1 day and 10 minutes, as Kafka's; tests use less).
     pub producer_id_expiration: (Duration, Duration),
@@ -78,6 +80,7 @@ impl Default for EmbeddedOptions {
             marker_retry_backoff: Duration::from_millis(100),
             max_transaction_timeout_ms: cluster::MAX_TRANSACTION_TIMEOUT_MS,
             unsafe_skip_epoch_check: false,
+            group_initial_rebalance_delay: coordinator::DEFAULT_GROUP_INITIAL_REBALANCE_DELAY,
             producer_id_expiration: (
                 partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION,
                 partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL,
@@ -261,6 +264,7 @@ impl EmbeddedCluster {
                 config.timeout_scan_interval = options.timeout_scan_interval;
                 config.marker_retry_backoff = options.marker_retry_backoff;
                 config.max_transaction_timeout_ms = options.max_transaction_timeout_ms;
+                config.group_initial_rebalance_delay = options.group_initial_rebalance_delay;
                 config.cluster_secret = Some(secret);
                 config.peer_check_interval = Duration::from_millis(200);
                 tokio::spawn(async move {

@@ -41,6 +41,12 @@ impl LocalService {
         self.shared.check_owner(key)
     }
 
+    /// Kafka's `group.initial.rebalance.delay.ms`, as configured.
+    pub(crate) fn group_initial_rebalance_delay_ms(&self) -> i64 {
+        i64::try_from(self.shared.config.group_initial_rebalance_delay.as_millis())
+            .unwrap_or(i64::MAX)
+    }
+
     /// Becomes `true` when the coordinator is stopping.
     pub(crate) fn stopping(&self) -> watch::Receiver<bool> {
         self.shared.stop.subscribe()

@@ -137,6 +137,9 @@ pub const DEFAULT_MAX_PREPARE_WAIT: Duration = Duration::from_secs(5);
 /// Default of [`CoordinatorConfig::transactional_id_expiration`]: 7 days, as Kafka's.
 pub const DEFAULT_TRANSACTIONAL_ID_EXPIRATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Default of [`CoordinatorConfig::group_initial_rebalance_delay`]: 3 s, as Kafka's.
+pub const DEFAULT_GROUP_INITIAL_REBALANCE_DELAY: Duration = Duration::from_secs(3);
+
 /// How to run a coordinator.
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
@@ -165,6 +168,9 @@ pub struct CoordinatorConfig {
     /// its last change before it is removed (Kafka's `transactional.id.expiration.ms`,
     /// default [`DEFAULT_TRANSACTIONAL_ID_EXPIRATION`]); checked by the timeout scan.
     pub transactional_id_expiration: Duration,
+    /// How long the first rebalance of an empty consumer group waits for more members (Kafka's
+    /// `group.initial.rebalance.delay.ms`, default [`DEFAULT_GROUP_INITIAL_REBALANCE_DELAY`]).
+    pub group_initial_rebalance_delay: Duration,
     /// Where this node counts what it does (serve them with [`cluster::metrics::serve_http`]).
     pub metrics: Metrics,
 }
@@ -187,6 +193,7 @@ impl CoordinatorConfig {
             peer_check_interval: Duration::from_secs(1),
             max_prepare_wait: DEFAULT_MAX_PREPARE_WAIT,
             transactional_id_expiration: DEFAULT_TRANSACTIONAL_ID_EXPIRATION,
+            group_initial_rebalance_delay: DEFAULT_GROUP_INITIAL_REBALANCE_DELAY,
             metrics: Metrics::new(),
         }
     }
