@@ -177,6 +177,16 @@ impl<W> PartitionQueue<W> {
     fn is_empty(&self) -> bool {
         self.open.is_none() && self.queued.is_empty() && self.in_flight.is_empty()
     }
+
+    /// Queues `batch` again in its sequence order (to be sent again).
+    fn requeue(&mut self, batch: Batch<W>) {
+        let at = self
+            .queued
+            .iter()
+            .position(|b| sequence_before(batch.base_sequence, b.base_sequence))
+            .unwrap_or(self.queued.len());
+        self.queued.insert(at, batch);
+    }
 }
 
 /// `sequence + increment`, wrapping from `i32::MAX` to 0 (Kafka's `incrementSequence`).
@@ -395,10 +405,9 @@ impl<W> Accumulator<W> {
                 error,
                 Error::OutOfOrderSequence(_) | Error::UnknownProducerId(_)
             );
-        let lost = queue.lost_producer == Some(batch.producer);
         if self.mode == Mode::Idempotent
             && !transient_gap
-            && !lost
+            && queue.lost_producer != Some(batch.producer)
             && matches!(error, Error::UnknownProducerId(_))
         {
             // Every lower sequence was acknowledged, so the leader had this PID's state and
@@ -416,8 +425,7 @@ impl<W> Accumulator<W> {
             }
             self.reset_pending = true;
         }
-        let lost = queue.lost_producer == Some(batch.producer);
-        if lost
+        if queue.lost_producer == Some(batch.producer)
             && (error.is_retriable()
                 || matches!(
                     error,
@@ -426,12 +434,7 @@ impl<W> Accumulator<W> {
         {
             // Never appended (above): it waits for the new PID like a batch never sent.
             batch.sent = false;
-            let at = queue
-                .queued
-                .iter()
-                .position(|b| sequence_before(batch.base_sequence, b.base_sequence))
-                .unwrap_or(queue.queued.len());
-            queue.queued.insert(at, batch);
+            queue.requeue(batch);
             return Vec::new();
         }
         if error.is_retriable() || transient_gap {
@@ -456,12 +459,7 @@ impl<W> Accumulator<W> {
                         .map_or(now + backoff, |t| t.max(now + backoff)),
                 );
             }
-            let at = queue
-                .queued
-                .iter()
-                .position(|b| sequence_before(batch.base_sequence, b.base_sequence))
-                .unwrap_or(queue.queued.len());
-            queue.queued.insert(at, batch);
+            queue.requeue(batch);
             return Vec::new();
         }
         self.fail_batch(partition, batch, error)
