@@ -468,7 +468,8 @@ impl LeaderService {
                 warn!(partition = %part.tp, "forgetting expired producer states in storage failed: {e}");
             }
             part.state().forget_producers(&pids);
-            info!(partition = %part.tp, producers = pids.len(), ?pids,
+            let first = &pids[..pids.len().min(8)];
+            info!(partition = %part.tp, producers = pids.len(), ?first,
                   "expired producer states forgotten");
             forgotten += pids.len();
         }
