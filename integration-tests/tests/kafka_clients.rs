@@ -120,7 +120,8 @@ async fn confluent_kafka_transactions_commit_and_abort_across_partitions() {
 async fn confluent_kafka_idempotent_producer_goes_on_after_its_state_expired() {
     let Some(python) = python().await else { return };
     let cluster = cluster_with(minibroker::EmbeddedOptions {
-        producer_id_expiration: (Duration::from_millis(400), Duration::from_millis(50)),
+        // Each half is written well within it, the pause is well past it.
+        producer_id_expiration: (Duration::from_millis(1_500), Duration::from_millis(50)),
         ..Default::default()
     })
     .await;
@@ -129,7 +130,7 @@ async fn confluent_kafka_idempotent_producer_goes_on_after_its_state_expired() {
         &python,
         "idle_idempotent.py",
         &bootstrap,
-        &["input", "20", "2"],
+        &["input", "20", "4"],
     )
     .await;
     assert_eq!(report["errors"], serde_json::json!([]), "{report}");

@@ -586,7 +586,8 @@ async fn a_marker_batch_is_written_as_one_request_per_transaction_would_be() {
 #[tokio::test]
 async fn idle_producer_states_expire_and_zombies_stay_out() {
     let mut c = cluster_with(|config| {
-        config.producer_id_expiration = Duration::from_millis(600);
+        // Long enough that the setup below finishes well within it on a loaded machine.
+        config.producer_id_expiration = Duration::from_millis(2_000);
         config.producer_id_expiration_check_interval = Duration::from_millis(50);
     })
     .await;
