@@ -1,8 +1,10 @@
 //! The group room: this node as the coordinator of consumer groups. The receiving side of
 //! group markers (fenced by [`core::write_group_marker`] over the shared
-//! [`cluster::marker_fence`] rule), OffsetFetch, and Kafka's OffsetCommit outside a
-//! transaction (the Kafka face checks the group membership first). The only room that writes
-//! `__consumer_offsets` and `__group_marker_state`.
+//! [`cluster::marker_fence`] rule), OffsetFetch (stable or not), TxnOffsetCommit as the group's
+//! coordinator receives it (KIP-447's pending offsets, then handed to the transaction's
+//! coordinator), and Kafka's OffsetCommit outside a transaction (the Kafka face checks the group
+//! membership first). The only room that writes `__consumer_offsets` and
+//! `__group_marker_state`.
 
 use std::sync::Arc;
 

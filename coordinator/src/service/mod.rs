@@ -17,8 +17,9 @@
 //!   means ([`crate::core::marker_reply`]), and completes the transaction.
 //! - `leader_queue`: per leader, the queue whose task sends the WriteTxnMarkers of several
 //!   transactions in one WriteTxnMarkersBatch (one WriteTxnMarkers each to a leader without it).
-//! - `groups`: the receiving side of group markers and OffsetFetch: the only room that writes
-//!   `__consumer_offsets` and `__group_marker_state`.
+//! - `groups`: the receiving side of group markers, OffsetFetch and (KIP-447) TxnOffsetCommit:
+//!   the only room that writes `__consumer_offsets` and `__group_marker_state`. `keyed_lock`:
+//!   its per-group locks, kept only while held or waited for.
 //! - `local`: what the Kafka face ([`crate::kafka`]) calls in-process: the same decoding and
 //!   room methods as `grpc`, answering with the domain result or the [`Error`].
 //! - `membership`: signing the internal requests this node sends, authenticating the ones it
