@@ -79,7 +79,7 @@ mod tests {
                 assert_eq!(ours_name, theirs_name, "{ours:?} -> {k:?}");
             }
         }
-        assert_eq!(mapped, 23, "every proto error code is checked");
+        assert_eq!(mapped, 24, "every proto error code is checked");
         assert_eq!(kafka_code(ErrorCode::ProducerFenced), 90);
         assert_eq!(kafka_code(ErrorCode::InvalidProducerEpoch), 47);
         assert_eq!(kafka_code_of(999), -1);
