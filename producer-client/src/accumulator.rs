@@ -180,13 +180,21 @@ impl<W> PartitionQueue<W> {
 
     /// Queues `batch` again in its sequence order (to be sent again).
     fn requeue(&mut self, batch: Batch<W>) {
-        let at = self
-            .queued
-            .iter()
-            .position(|b| sequence_before(batch.base_sequence, b.base_sequence))
-            .unwrap_or(self.queued.len());
+        let at = sequence_slot(self.queued.iter(), batch.base_sequence);
         self.queued.insert(at, batch);
     }
+}
+
+/// Where a batch starting at `base_sequence` goes among `batches` (in sequence order).
+fn sequence_slot<'a, W: 'a>(
+    batches: impl ExactSizeIterator<Item = &'a Batch<W>>,
+    base_sequence: i32,
+) -> usize {
+    let len = batches.len();
+    batches
+        .map(|b| b.base_sequence)
+        .position(|s| sequence_before(base_sequence, s))
+        .unwrap_or(len)
 }
 
 /// `sequence + increment`, wrapping from `i32::MAX` to 0 (Kafka's `incrementSequence`).
@@ -358,11 +366,7 @@ impl<W> Accumulator<W> {
                     base_sequence: batch.base_sequence,
                     records: batch.records.clone(),
                 });
-                let at = queue
-                    .in_flight
-                    .iter()
-                    .position(|b| sequence_before(batch.base_sequence, b.base_sequence))
-                    .unwrap_or(queue.in_flight.len());
+                let at = sequence_slot(queue.in_flight.iter(), batch.base_sequence);
                 queue.in_flight.insert(at, batch);
             }
         }

@@ -664,13 +664,18 @@ mod tests {
         loaded.producers.iter().map(|(pid, _)| *pid).collect()
     }
 
-    /// Forgets PID 7 (written by [`sample_writes`]) and keeps 8; a later write of 7 stores it
-    /// afresh. Returns after that write.
-    fn exercise_forget(s: &dyn Storage, tp: &TopicPartition) {
+    /// [`sample_writes`] (PID 7) then [`idempotent_write`] (PID 8).
+    fn write_pids_7_and_8(s: &dyn Storage, tp: &TopicPartition) {
         for w in sample_writes() {
             s.write(tp, &w).unwrap();
         }
         s.write(tp, &idempotent_write(3, 12)).unwrap();
+    }
+
+    /// Forgets PID 7 (written by [`sample_writes`]) and keeps 8; a later write of 7 stores it
+    /// afresh. Returns after that write.
+    fn exercise_forget(s: &dyn Storage, tp: &TopicPartition) {
+        write_pids_7_and_8(s, tp);
         s.forget_producers(tp, &[7]).unwrap();
         assert_eq!(pids(&s.load(tp).unwrap()), vec![8]);
         assert_eq!(collect(s, tp, 0, 10).len(), 4, "the records stay");
@@ -695,10 +700,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let s = SledStorage::open(dir.path()).unwrap();
-            for w in sample_writes() {
-                s.write(&tp, &w).unwrap();
-            }
-            s.write(&tp, &idempotent_write(3, 12)).unwrap();
+            write_pids_7_and_8(&s, &tp);
             assert!(
                 s.uncheckpointed() > 0,
                 "the test needs a pending checkpoint"
@@ -712,10 +714,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let s = SledStorage::open(dir.path()).unwrap();
-            for w in sample_writes() {
-                s.write(&tp, &w).unwrap();
-            }
-            s.write(&tp, &idempotent_write(3, 12)).unwrap();
+            write_pids_7_and_8(&s, &tp);
         }
         {
             let s = SledStorage::open(dir.path()).unwrap();
