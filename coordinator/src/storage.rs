@@ -23,9 +23,10 @@
 //! - per transactional id, its last [`MAX_EPOCH_HISTORY`] epoch changes
 //!   ([`TxnMetadata::history`]), one record per change in tree `__transaction_history`: key =
 //!   length-prefixed id + big-endian [`EpochChange::seq`], value = JSON. A write stores the
-//!   newest change's record and removes the one that fell out of the window, so a write costs
-//!   the same whatever the length of the history (the metadata value itself does not carry it;
-//!   values written before carry it inline, and [`Storage::load`] moves it into the tree once).
+//!   newest change's record, and every [`HISTORY_TRIM_STEP`] changes removes the records that
+//!   fell out of the window, so a write costs the same whatever the length of the history (the
+//!   metadata value itself does not carry it; values written before carry it inline, and
+//!   [`Storage::load`] moves it into the tree once).
 //!
 //! [`Storage::put_txns`] writes several ids' metadata with one flush: the service's group
 //! commit (`service/commit.rs`) gathers the transitions of concurrent requests into it.
@@ -37,14 +38,18 @@
 //! CAVEATS: the methods are synchronous (sled is); the service calls them on tokio's blocking
 //! pool. JSON is not the most compact encoding; a transaction of 10,000 partitions is ~300 KB per
 //! write. No compaction or expiry of old ids, nor of a group's per-PID fencing records. A
-//! transition's history record and its metadata are two sled batches in one flush: both are
+//! transition's history record and its metadata are two sled writes in one flush: both are
 //! durable before the write returns, but a crash during that flush may keep the record
 //! without the metadata (a change that was never acknowledged then shows in the history).
+//! The writes of one group commit are single sled operations, not a sled batch (which would
+//! cost an IO-buffer write of its own): a crash during its flush may keep a part of them, none
+//! of which was acknowledged.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use cluster::node::lock;
 use cluster::{NodeId, ProducerEpoch, ProducerId, TopicPartition};
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
@@ -198,7 +203,17 @@ pub struct SledStorage {
     markers: sled::Tree,
     pending: sled::Tree,
     meta: sled::Tree,
+    /// Per id, the newest history record known to be stored (filled by [`Storage::load`],
+    /// kept by the writes): a write that changed no epoch then skips the record without
+    /// reading sled. An id missing here has its newest record written again (same bytes).
+    stored_history: Arc<Mutex<HashMap<String, u64>>>,
 }
+
+/// History records that fell out of the window are removed this many at a time, by the write
+/// whose change pushes the 16th out: a write that bumps an epoch then adds one record and
+/// usually removes none. An id keeps at most [`MAX_EPOCH_HISTORY`] + 15 records on disk;
+/// [`Storage::load`] keeps the newest [`MAX_EPOCH_HISTORY`].
+pub const HISTORY_TRIM_STEP: u64 = 16;
 
 impl SledStorage {
     /// Opens (or creates) the database in `dir` ([`cluster::node::open_sled`]: creates the
@@ -213,6 +228,7 @@ impl SledStorage {
             markers: db.open_tree(GROUP_MARKER_TREE)?,
             pending: db.open_tree(PENDING_OFFSETS_TREE)?,
             meta: db.open_tree(META_TREE)?,
+            stored_history: Arc::default(),
             db,
         })
     }
@@ -223,25 +239,33 @@ impl SledStorage {
     }
 
     /// The history records a write of `meta` adds: its newest change, unless stored already
-    /// (a write that changed no epoch), and the removal of the one that fell out of the window.
-    fn history_ops(&self, meta: &TxnMetadata, ops: &mut Vec<TreeOp>) -> Result<(), StorageError> {
+    /// (a write that changed no epoch), and, every [`HISTORY_TRIM_STEP`] changes, the removal
+    /// of the records that fell out of the window. Returns the newest change's number when
+    /// it is written (for [`SledStorage::stored_history`], once the write succeeded).
+    fn history_ops(
+        &self,
+        meta: &TxnMetadata,
+        stored: &HashMap<String, u64>,
+        ops: &mut Vec<TreeOp>,
+    ) -> Result<Option<u64>, StorageError> {
         let Some(last) = meta.history.last().filter(|c| c.seq > 0) else {
-            return Ok(());
+            return Ok(None);
         };
         let id = meta.transactional_id.as_str();
-        let key = history_key(id, last.seq);
-        if self.history.contains_key(&key)? {
-            return Ok(());
+        if stored.get(id).is_some_and(|s| *s >= last.seq) {
+            return Ok(None);
         }
-        ops.push((key, Some(serde_json::to_vec(&**last)?)));
-        if let Some(dropped) = last
-            .seq
-            .checked_sub(MAX_EPOCH_HISTORY as u64)
-            .filter(|s| *s > 0)
-        {
-            ops.push((history_key(id, dropped), None));
+        ops.push((
+            history_key(id, last.seq),
+            Some(serde_json::to_vec(&**last)?),
+        ));
+        let fell_out = last.seq.saturating_sub(MAX_EPOCH_HISTORY as u64);
+        if fell_out > 0 && fell_out % HISTORY_TRIM_STEP == 0 {
+            for seq in fell_out + 1 - HISTORY_TRIM_STEP..=fell_out {
+                ops.push((history_key(id, seq), None));
+            }
         }
-        Ok(())
+        Ok(Some(last.seq))
     }
 
     fn read_i64(&self, key: &[u8]) -> Result<i64, StorageError> {
@@ -342,17 +366,22 @@ fn history_key_id(key: &[u8]) -> Option<&str> {
 /// One change to a tree: insert (`Some`) or remove (`None`).
 type TreeOp = (Vec<u8>, Option<Vec<u8>>);
 
+/// Applies `ops` to `tree` one by one, in order (no atomicity among them).
+fn apply_each(tree: &sled::Tree, ops: Vec<TreeOp>) -> Result<(), StorageError> {
+    for (key, value) in ops {
+        match value {
+            Some(value) => tree.insert(key, value)?,
+            None => tree.remove(key)?,
+        };
+    }
+    Ok(())
+}
+
 /// Applies `ops` to `tree`: one by one when there are few (sled's batch has a fixed cost), as
 /// one atomic batch otherwise.
 fn apply(tree: &sled::Tree, ops: Vec<TreeOp>) -> Result<(), StorageError> {
     if ops.len() <= 2 {
-        for (key, value) in ops {
-            match value {
-                Some(value) => tree.insert(key, value)?,
-                None => tree.remove(key)?,
-            };
-        }
-        return Ok(());
+        return apply_each(tree, ops);
     }
     let mut batch = sled::Batch::default();
     for (key, value) in ops {
@@ -391,6 +420,8 @@ impl Storage for SledStorage {
                 .push(Arc::new(change));
         }
         let mut txns = Vec::new();
+        let mut stored = lock(&self.stored_history);
+        stored.clear();
         let mut migrated = sled::Batch::default();
         let mut migrating = false;
         for entry in self.txns.iter() {
@@ -399,9 +430,16 @@ impl Storage for SledStorage {
                 serde_json::from_slice(&value).map_err(|e| corrupt(&key, e.to_string()))?;
             match histories.remove(&meta.transactional_id) {
                 Some(mut history) => {
-                    // Keys sort by sequence number: the newest last.
+                    // Keys sort by sequence number: the newest last. Records beyond the
+                    // window (a trim not done yet) go, from disk too.
                     let excess = history.len().saturating_sub(MAX_EPOCH_HISTORY);
-                    history.drain(..excess);
+                    for change in history.drain(..excess) {
+                        migrated.remove(history_key(&meta.transactional_id, change.seq));
+                        migrating = true;
+                    }
+                    if let Some(last) = history.last() {
+                        stored.insert(meta.transactional_id.clone(), last.seq);
+                    }
                     meta.history = Arc::new(history);
                 }
                 None if !meta.history.is_empty() => {
@@ -412,6 +450,9 @@ impl Storage for SledStorage {
                         change.seq = seq;
                         let key = history_key(&meta.transactional_id, seq);
                         migrated.insert(key, serde_json::to_vec(change)?);
+                    }
+                    if let Some(last) = history.last() {
+                        stored.insert(meta.transactional_id.clone(), last.seq);
                     }
                     migrating = true;
                 }
@@ -443,7 +484,7 @@ impl Storage for SledStorage {
     }
 
     fn put_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
-        // One atomic batch per tree and one flush for the lot: the group commit's whole point.
+        // One flush for the lot: the group commit's whole point.
         self.write_txns(metas)?;
         self.durable()
     }
@@ -451,14 +492,25 @@ impl Storage for SledStorage {
     fn write_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
         let mut txns = Vec::with_capacity(metas.len());
         let mut history = Vec::new();
+        let mut written = Vec::new();
+        let mut stored = lock(&self.stored_history);
         for meta in metas {
             let value = serde_json::to_vec(meta)?;
             txns.push((meta.transactional_id.as_bytes().to_vec(), Some(value)));
-            self.history_ops(meta, &mut history)?;
+            if let Some(seq) = self.history_ops(meta, &stored, &mut history)? {
+                written.push((meta.transactional_id.as_str(), seq));
+            }
         }
-        // The history records go first, so the metadata is never ahead of its history.
-        apply(&self.history, history)?;
-        apply(&self.txns, txns)
+        // The history records go first, so the metadata is never ahead of its history. One
+        // operation at a time, not as sled batches: a batch rolls sled's IO buffer (a write
+        // of its own), and no atomicity across ids is needed, since nothing here is
+        // acknowledged before the flush that follows; sled recovers a prefix of its log, so a
+        // crash keeps at most the first part of the lot.
+        apply_each(&self.history, history)?;
+        for (id, seq) in written {
+            stored.insert(id.to_string(), seq);
+        }
+        apply_each(&self.txns, txns)
     }
 
     fn remove_txns(&self, ids: &[String]) -> Result<(), StorageError> {
@@ -476,6 +528,10 @@ impl Storage for SledStorage {
         // with an empty history; the next scan expires it again), never history records
         // without metadata, which a new instance of the id would inherit.
         apply(&self.history, history)?;
+        let mut stored = lock(&self.stored_history);
+        for id in ids {
+            stored.remove(id);
+        }
         apply(&self.txns, txns)
     }
 
@@ -1008,7 +1064,8 @@ mod tests {
     #[test]
     fn the_history_is_kept_per_change_and_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let n = MAX_EPOCH_HISTORY as i64 + 5;
+        // One trim step done (the 16 oldest records removed together) and 5 records past it.
+        let n = (MAX_EPOCH_HISTORY as u64 + HISTORY_TRIM_STEP) as i64 + 5;
         let (a, b) = {
             let store = SledStorage::open(dir.path()).unwrap();
             let a = changes(&store, "a", n);
@@ -1020,11 +1077,14 @@ mod tests {
             (a, b)
         };
         let store = SledStorage::open(dir.path()).unwrap();
-        assert_eq!(store.history.len(), MAX_EPOCH_HISTORY + 3);
+        // "a" keeps its window plus the 5 changes since the last trim; "ab" its 3.
+        assert_eq!(store.history.len(), MAX_EPOCH_HISTORY + 5 + 3);
         let snap = store.load().unwrap();
         assert_eq!(snap.txns, vec![a.clone(), b]);
+        // Loading removed the 5 beyond the window from disk too.
+        assert_eq!(store.history.len(), MAX_EPOCH_HISTORY + 3);
         assert_eq!(a.history.len(), MAX_EPOCH_HISTORY);
-        assert_eq!(a.history[0].epoch, 5);
+        assert_eq!(a.history[0].epoch, (n - MAX_EPOCH_HISTORY as i64) as i16);
         assert_eq!(a.history.last().unwrap().seq, n as u64);
         // The memory engine keeps the same.
         let memory = MemoryStorage::new();

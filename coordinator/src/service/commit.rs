@@ -5,9 +5,11 @@
 //! dedicated thread (storage calls block; a thread of its own costs the same one hand-off per
 //! request as tokio's blocking pool did, and keeps the batch in one place), takes the first
 //! queued write, drains everything else already queued (up to [`MAX_BATCH`]), writes the lot
-//! with [`Storage::put_txns`] (sled: one atomic batch, one flush), then releases every waiter
+//! with [`Storage::put_txns`] (sled: one write per id, one flush), then releases every waiter
 //! with the result. While one flush runs, the next
-//! requests queue up, so the batch grows with the load and nothing waits for a timer.
+//! requests queue up, so the batch grows with the load and nothing waits for a timer. A request
+//! wakes the writer only when it waits on its condition variable (a notification costs a system
+//! call even when nobody waits, and under load the writer is busy writing).
 //!
 //! A lone write skips the writer: when nothing is queued or being written, the last flush
 //! covered a single write (no load) and took under [`INLINE_FLUSH_LIMIT`] (a fast disk), the
@@ -93,6 +95,16 @@ struct Queue {
     writing: bool,
     /// No new writes; the writer ends once nothing is queued or being written.
     closed: bool,
+    /// The writer thread waits on the condition variable: only then does a change need a
+    /// wake-up (a notification is a system call even when nobody waits).
+    writer_waits: bool,
+}
+
+impl Queue {
+    /// Whether the change just made needs the writer woken.
+    fn wake_writer(&self) -> bool {
+        self.writer_waits
+    }
 }
 
 /// The queue in front of the writer thread, shared with it.
@@ -167,8 +179,14 @@ impl Inner {
 
     /// Marks the current write finished and lets the writer at what queued meanwhile.
     fn finish_writing(&self) {
-        lock(&self.queue).writing = false;
-        self.wake.notify_all();
+        let wake = {
+            let mut queue = lock(&self.queue);
+            queue.writing = false;
+            queue.wake_writer()
+        };
+        if wake {
+            self.wake.notify_all();
+        }
     }
 }
 
@@ -313,14 +331,17 @@ impl GroupCommit {
         write: TxnWrite,
         done: Option<oneshot::Sender<Result<(), String>>>,
     ) -> Result<(), StorageError> {
-        {
+        let wake = {
             let mut queue = lock(&self.inner.queue);
             if queue.closed {
                 return Err(stopping());
             }
             queue.pending.push_back(Pending { write, done });
+            queue.wake_writer()
+        };
+        if wake {
+            self.inner.wake.notify_all();
         }
-        self.inner.wake.notify_all();
         Ok(())
     }
 
@@ -349,10 +370,12 @@ fn write_batches(inner: &Inner) {
                 if queue.closed && !queue.writing && queue.pending.is_empty() {
                     return;
                 }
+                queue.writer_waits = true;
                 queue = inner
                     .wake
                     .wait(queue)
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
+                queue.writer_waits = false;
             }
             queue.writing = true;
             let take = queue.pending.len().min(MAX_BATCH);
