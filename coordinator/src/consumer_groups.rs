@@ -31,9 +31,11 @@
 //! JoinGroup or SyncGroup is parked (Kafka does the same by resetting it on each call).
 //!
 //! CAVEATS: membership is not persisted (a restarted coordinator starts every group Empty at
-//! generation 0: members rejoin, and a zombie's commit with an older generation is then
-//! UNKNOWN_MEMBER_ID instead of ILLEGAL_GENERATION, fenced all the same); no static membership
-//! beyond the FENCED_INSTANCE_ID check; no max group size.
+//! generation 0, and the shell drops idle Empty groups: members rejoin, and a zombie's commit
+//! from the previous life is then UNKNOWN_MEMBER_ID instead of ILLEGAL_GENERATION, fenced all
+//! the same because every life hands out its own member ids,
+//! [`GroupMembership::with_incarnation`]); no static membership beyond the FENCED_INSTANCE_ID
+//! check; no max group size.
 //!
 //! [`tick`]: GroupMembership::tick
 
@@ -161,6 +163,9 @@ pub struct GroupMembership {
     /// The first round of an Empty group completes no earlier than this, even with every
     /// member joined: each join pushes it on by `initial_delay_ms`, up to the round's deadline.
     initial_until_ms: Option<i64>,
+    /// Part of every member id handed out: unique to this membership's life (see
+    /// [`GroupMembership::with_incarnation`]).
+    incarnation: String,
 }
 
 impl GroupMembership {
@@ -185,7 +190,31 @@ impl GroupMembership {
             next_member: 0,
             initial_delay_ms: initial_delay_ms.max(0),
             initial_until_ms: None,
+            incarnation: String::new(),
         }
+    }
+
+    /// The same membership, whose member ids carry `incarnation` (`<client id>-<incarnation>-<n>`).
+    /// The shell gives every membership it creates an incarnation no other one of the group
+    /// ever had (Kafka puts a UUID in member ids for the same reason): a membership starts at
+    /// generation 0 after a coordinator restart, or after an idle group was dropped, and
+    /// counts its members from 1 again, so without it a zombie member of the previous life
+    /// could hold the very member id and generation of a live member and get its offset
+    /// commits through.
+    pub fn with_incarnation(mut self, incarnation: &str) -> Self {
+        self.incarnation = incarnation.to_string();
+        self
+    }
+
+    /// Empty, with nobody joined or holding a member id handed out: dropping it loses nothing
+    /// but the generation number (the offsets are stored apart).
+    pub fn is_idle(&self) -> bool {
+        self.state == GroupState::Empty && self.members.is_empty() && self.pending.is_empty()
+    }
+
+    /// The group's id.
+    pub fn group_id(&self) -> &str {
+        &self.group_id
     }
 
     /// The current generation.
@@ -215,7 +244,11 @@ impl GroupMembership {
         } else {
             client_id
         };
-        format!("{prefix}-{}-{}", self.group_id.len(), self.next_member)
+        if self.incarnation.is_empty() {
+            format!("{prefix}-{}", self.next_member)
+        } else {
+            format!("{prefix}-{}-{}", self.incarnation, self.next_member)
+        }
     }
 
     /// JoinGroup: returns the member id to wait with ([`Self::join_result`]).
@@ -809,6 +842,55 @@ mod tests {
             Err(GroupError::FencedInstanceId(m.clone()))
         );
         assert_eq!(empty.check_commit(&m, 1, Some("i-1")), Ok(()));
+    }
+
+    /// A zombie member of a previous life of the group (before a coordinator restart, or
+    /// before the idle group was dropped) holds a member id and generation that the new life
+    /// hands out again unless their incarnations differ: its commit must be refused.
+    #[test]
+    fn a_zombie_of_a_previous_life_of_the_group_is_fenced() {
+        let member_of = |g: &mut GroupMembership| {
+            let m = g.join(join("", &["range"]), 0).unwrap();
+            g.join_result(&m).unwrap().unwrap();
+            m
+        };
+        let mut before = GroupMembership::new("g").with_incarnation("1.4.1");
+        let zombie = member_of(&mut before);
+        assert_eq!(before.generation(), 1);
+        let mut after = GroupMembership::new("g").with_incarnation("1.5.1");
+        let live = member_of(&mut after);
+        assert_eq!(after.generation(), 1);
+        assert_ne!(zombie, live);
+        assert_eq!(
+            after.check_commit(&zombie, 1, None),
+            Err(GroupError::UnknownMemberId(zombie.clone()))
+        );
+        assert_eq!(after.check_commit(&live, 1, None), Ok(()));
+        // Without incarnations the two lives hand out the same id: the hole this closes.
+        let (mut a, mut b) = (GroupMembership::new("g"), GroupMembership::new("g"));
+        let (old, new) = (member_of(&mut a), member_of(&mut b));
+        assert_eq!(old, new);
+        assert_eq!(b.check_commit(&old, 1, None), Ok(()));
+    }
+
+    #[test]
+    fn only_an_empty_group_with_nobody_waiting_is_idle() {
+        let mut g = GroupMembership::new("g");
+        assert!(g.is_idle());
+        // A member id handed out (KIP-394) and not joined yet: not idle.
+        let mut request = join("", &["range"]);
+        request.require_known_member_id = true;
+        assert!(matches!(
+            g.join(request, 0),
+            Err(GroupError::MemberIdRequired(_))
+        ));
+        assert!(!g.is_idle());
+        let (mut g, a, b) = stable_pair();
+        assert!(!g.is_idle());
+        g.leave(&a, 80).unwrap();
+        g.leave(&b, 81).unwrap();
+        assert_eq!(g.state(), GroupState::Empty);
+        assert!(g.is_idle());
     }
 
     /// A follower whose SyncGroup was parked when it died (its connection closed, so nobody

@@ -30,7 +30,11 @@
 //! [`GroupMembership`] per group behind a lock, in memory. JoinGroup and SyncGroup are parked
 //! until the core has their answer (woken on every change of the group, and re-checked every
 //! 100 ms so a deadline or an expired session is noticed); every group request first lets the
-//! core expire silent members. KIP-447: a TxnOffsetCommit (v3) or an OffsetCommit that names a
+//! core expire silent members. Every membership hands out member ids of its own life
+//! (`<client id>-<node>.<coordinator generation>.<n>-<m>`), so a zombie member from before a
+//! coordinator restart, or from before its idle group was dropped, never holds a live member's
+//! id; idle groups (Empty, nobody waiting, no request on them) are dropped every minute, so
+//! memberships do not pile up (their offsets are stored apart and stay). KIP-447: a TxnOffsetCommit (v3) or an OffsetCommit that names a
 //! member and generation is checked against the group first: an older generation is
 //! ILLEGAL_GENERATION, an unknown member UNKNOWN_MEMBER_ID, another static instance
 //! FENCED_INSTANCE_ID, and nothing is recorded. An accepted TxnOffsetCommit leaves its
@@ -70,8 +74,9 @@ use kafka_protocol::messages::{
 use kafka_wire::{codes, str_bytes, ApiRange, Handler, Request};
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::leave_group_response::MemberResponse;
@@ -93,7 +98,37 @@ use crate::Error;
 /// The coordinator's [`Handler`].
 pub struct KafkaCoordinator {
     service: LocalService,
-    groups: Mutex<HashMap<String, Arc<GroupSlot>>>,
+    groups: Mutex<Groups>,
+    /// Memberships created so far: with the node's incarnation, what makes each membership's
+    /// member ids its own ([`GroupMembership::with_incarnation`]).
+    lives: AtomicU64,
+}
+
+/// The groups this face knows, and when idle ones were last dropped.
+struct Groups {
+    slots: HashMap<String, Arc<GroupSlot>>,
+    swept: Instant,
+}
+
+/// How often idle groups are looked for (at the next group request after this long).
+const IDLE_GROUP_SWEEP: Duration = Duration::from_secs(60);
+
+/// Drops the groups that are idle ([`GroupMembership::is_idle`], after expiring silent
+/// members) and that no request holds (only the map refers to the slot; a request gets a
+/// slot only through the map, under its lock, which the caller holds). A dropped group
+/// starts over at generation 0 with member ids of a new life; its offsets are stored apart and
+/// stay. Returns how many were dropped.
+fn drop_idle_groups(slots: &mut HashMap<String, Arc<GroupSlot>>, now_ms: i64) -> usize {
+    let before = slots.len();
+    slots.retain(|_, slot| {
+        if Arc::strong_count(slot) > 1 {
+            return true;
+        }
+        let mut g = slot.lock();
+        g.tick(now_ms);
+        !g.is_idle()
+    });
+    before - slots.len()
 }
 
 /// One group's membership and the wake-up of its parked requests.
@@ -118,20 +153,43 @@ impl KafkaCoordinator {
     pub(crate) fn new(service: LocalService) -> Self {
         Self {
             service,
-            groups: Mutex::new(HashMap::new()),
+            groups: Mutex::new(Groups {
+                slots: HashMap::new(),
+                swept: Instant::now(),
+            }),
+            lives: AtomicU64::new(0),
         }
     }
 
+    fn groups(&self) -> std::sync::MutexGuard<'_, Groups> {
+        self.groups.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The group's slot, created Empty if unknown (with member ids of a new life); every
+    /// [`IDLE_GROUP_SWEEP`], idle groups are dropped first, so memberships do not pile up.
     fn group(&self, group_id: &str) -> Arc<GroupSlot> {
-        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut groups = self.groups();
+        if groups.swept.elapsed() >= IDLE_GROUP_SWEEP {
+            groups.swept = Instant::now();
+            let dropped = drop_idle_groups(&mut groups.slots, cluster::node::now_ms());
+            if dropped > 0 {
+                tracing::debug!(dropped, "idle consumer groups dropped");
+            }
+        }
         groups
+            .slots
             .entry(group_id.to_string())
             .or_insert_with(|| {
+                let life = self.lives.fetch_add(1, Ordering::Relaxed) + 1;
+                let incarnation = format!("{}.{life}", self.service.incarnation());
                 Arc::new(GroupSlot {
-                    membership: Mutex::new(GroupMembership::with_initial_delay(
-                        group_id,
-                        self.service.group_initial_rebalance_delay_ms(),
-                    )),
+                    membership: Mutex::new(
+                        GroupMembership::with_initial_delay(
+                            group_id,
+                            self.service.group_initial_rebalance_delay_ms(),
+                        )
+                        .with_incarnation(&incarnation),
+                    ),
                     changed: tokio::sync::Notify::new(),
                 })
             })
@@ -313,11 +371,7 @@ impl KafkaCoordinator {
     ) -> Result<(), i16> {
         if generation < 0 && member_id.is_empty() {
             // Not from a group member (Kafka's "simple" commit): the transaction's checks only.
-            let known = self
-                .groups
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains_key(group_id);
+            let known = self.groups().slots.contains_key(group_id);
             if !known {
                 return Ok(());
             }
@@ -902,5 +956,59 @@ impl KafkaCoordinator {
             })
             .collect();
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(g: GroupMembership) -> Arc<GroupSlot> {
+        Arc::new(GroupSlot {
+            membership: Mutex::new(g),
+            changed: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn joined(group: &str) -> GroupMembership {
+        let mut g = GroupMembership::new(group);
+        let m = g
+            .join(
+                JoinRequest {
+                    member_id: String::new(),
+                    group_instance_id: None,
+                    client_id: "c".into(),
+                    require_known_member_id: false,
+                    session_timeout_ms: 10_000,
+                    rebalance_timeout_ms: 10_000,
+                    protocol_type: "consumer".into(),
+                    protocols: vec![("range".into(), Vec::new())],
+                },
+                0,
+            )
+            .unwrap();
+        g.join_result(&m).unwrap().unwrap();
+        g
+    }
+
+    /// Only a group that is idle and that no request holds is dropped; a group whose members
+    /// all went silent is idle once their sessions expired.
+    #[test]
+    fn idle_groups_nobody_holds_are_dropped() {
+        let mut slots = HashMap::new();
+        slots.insert("idle".to_string(), slot(GroupMembership::new("idle")));
+        slots.insert("live".to_string(), slot(joined("live")));
+        let held = slot(GroupMembership::new("held"));
+        slots.insert("held".to_string(), held.clone());
+        assert_eq!(drop_idle_groups(&mut slots, 1_000), 1);
+        let mut left: Vec<_> = slots.keys().cloned().collect();
+        left.sort();
+        assert_eq!(left, vec!["held", "live"]);
+        drop(held);
+        // The live group's member was last seen at 0 with a 10 s session.
+        assert_eq!(drop_idle_groups(&mut slots, 5_000), 1);
+        assert_eq!(slots.keys().collect::<Vec<_>>(), vec!["live"]);
+        assert_eq!(drop_idle_groups(&mut slots, 10_001), 1);
+        assert!(slots.is_empty());
     }
 }

@@ -1081,3 +1081,90 @@ async fn consumers_joining_a_new_group_together_share_its_first_rebalance() {
     );
     cluster.shutdown().await.unwrap();
 }
+
+/// A consumer that was a member before its group's coordinator restarted, and is still alive
+/// (a zombie: paused, cut off), commits with the member id and generation it had. The
+/// restarted coordinator's group starts over at generation 1 and hands a new consumer the
+/// same generation; its member id must differ, or the zombie's commit would pass the group's
+/// check and overwrite the live member's offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_member_from_before_a_coordinator_restart_is_fenced() {
+    use kafka_protocol::messages::*;
+    let mut cluster = cluster().await;
+    let group = "restart-zombie-group";
+    let node = cluster.coordinator_for(group);
+    let coordinator = cluster.kafka_address(node).unwrap();
+    let s = str_bytes;
+    // v3: a new member gets its id in the answer.
+    let join = || async move {
+        let mut j = JoinGroupRequest::default();
+        j.group_id = GroupId(s(group));
+        j.session_timeout_ms = 30_000;
+        j.rebalance_timeout_ms = 30_000;
+        j.protocol_type = s("consumer");
+        let mut p = join_group_request::JoinGroupRequestProtocol::default();
+        p.name = s("range");
+        j.protocols = vec![p];
+        testkit::poll::eventually_within(Duration::from_secs(20), "JoinGroup", || async {
+            let ResponseKind::JoinGroup(r) = kafka_call(
+                coordinator,
+                ApiKey::JoinGroup,
+                3,
+                RequestKind::JoinGroup(j.clone()),
+            )
+            .await
+            else {
+                panic!("JoinGroup response")
+            };
+            // Until the restarted coordinator has loaded: COORDINATOR_LOAD_IN_PROGRESS.
+            (r.error_code == 0).then(|| (r.member_id.to_string(), r.generation_id))
+        })
+        .await
+    };
+    let commit = |member: String, generation: i32, offset: i64| async move {
+        let mut c = OffsetCommitRequest::default();
+        c.group_id = GroupId(s(group));
+        c.member_id = s(&member);
+        c.generation_id_or_member_epoch = generation;
+        let mut t = offset_commit_request::OffsetCommitRequestTopic::default();
+        t.name = TopicName(s("input"));
+        let mut p = offset_commit_request::OffsetCommitRequestPartition::default();
+        p.partition_index = 0;
+        p.committed_offset = offset;
+        t.partitions = vec![p];
+        c.topics = vec![t];
+        let ResponseKind::OffsetCommit(r) = kafka_call(
+            coordinator,
+            ApiKey::OffsetCommit,
+            8,
+            RequestKind::OffsetCommit(c),
+        )
+        .await
+        else {
+            panic!("OffsetCommit response")
+        };
+        r.topics[0].partitions[0].error_code
+    };
+
+    let (zombie, zombie_generation) = join().await;
+    assert_eq!(zombie_generation, 1);
+    assert_eq!(commit(zombie.clone(), 1, 5).await, 0);
+
+    cluster.kill(node).await.unwrap();
+    cluster.restart(node).await.unwrap();
+    let (live, live_generation) = join().await;
+    assert_eq!(live_generation, 1, "the group started over");
+    assert_ne!(live, zombie, "a new life hands out its own member ids");
+    assert_eq!(commit(live.clone(), 1, 7).await, 0);
+    assert_eq!(
+        commit(zombie.clone(), 1, 9).await,
+        25,
+        "UNKNOWN_MEMBER_ID for the zombie's commit"
+    );
+    assert_eq!(
+        offset_fetch_v7(coordinator, group, false).await,
+        (0, (0, 7)),
+        "the live member's offset, never the zombie's"
+    );
+    cluster.shutdown().await.unwrap();
+}

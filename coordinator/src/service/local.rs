@@ -47,6 +47,17 @@ impl LocalService {
             .unwrap_or(i64::MAX)
     }
 
+    /// This node's life: `<node id>.<coordinator generation>`, which no other node, and no
+    /// earlier or later start of this one, has (the generation is bumped and persisted at every
+    /// start, before anything is served).
+    pub(crate) fn incarnation(&self) -> String {
+        format!(
+            "{}.{}",
+            self.shared.config.node_id,
+            self.shared.generation()
+        )
+    }
+
     /// Becomes `true` when the coordinator is stopping.
     pub(crate) fn stopping(&self) -> watch::Receiver<bool> {
         self.shared.stop.subscribe()
