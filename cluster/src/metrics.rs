@@ -16,6 +16,7 @@
 //! | `kafka_cluster_partition_laststableoffsetlag` | gauge | `topic`, `partition` | high watermark minus LSO: Kafka's `Partition` `LastStableOffsetLag` |
 //! | `minibroker_sled_flush_seconds` | histogram | `node` | one durable storage call (write + sled flush) |
 //! | `minibroker_group_commit_records` | histogram | none | records made durable by one sled flush at a leader |
+//! | `minibroker_producer_states_expired_total` | counter | none | producer states a leader forgot (`producer.id.expiration.ms`) |
 //!
 //! Label values come from the protocol (error code names, transactional ids, PIDs): a cluster
 //! with very many transactional ids that get fenced grows `minibroker_fenced_requests_total`
@@ -139,6 +140,7 @@ struct Inner {
     lso_lag: Family<PartitionLabels, Gauge>,
     flush: HistogramFamily<NodeLabels>,
     group_commit: Histogram,
+    producers_expired: Counter,
 }
 
 /// The metrics of one node. Cheap to clone (one shared registry).
@@ -219,6 +221,12 @@ impl Metrics {
             "Records made durable by one sled flush at a partition leader",
             group_commit.clone(),
         );
+        let producers_expired = Counter::default();
+        registry.register(
+            "minibroker_producer_states_expired",
+            "Producer states a leader forgot after producer.id.expiration.ms idle (per partition)",
+            producers_expired.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -231,6 +239,7 @@ impl Metrics {
                 lso_lag,
                 flush,
                 group_commit,
+                producers_expired,
             }),
         }
     }
@@ -362,7 +371,12 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Records how many records one flush made durable at a leader.
+    /// `count` producer states forgotten by a leader's expiry scan.
+    pub fn producers_expired(&self, count: usize) {
+        self.inner.producers_expired.inc_by(count as u64);
+    }
+
+    /// One group commit at a leader made `records` records durable.
     pub fn group_commit(&self, records: usize) {
         self.inner.group_commit.observe(records as f64);
     }

@@ -202,7 +202,9 @@ impl KafkaLeader {
                     } else {
                         match decode_batch(&name, index, transactional_id.as_deref(), records) {
                             Err(e) => Err(e),
-                            Ok(grpc) => match service.produce_inner(grpc).await {
+                            // One request at a time per connection (kafka-wire): a PID
+                            // without state may resume at any sequence, as in Kafka.
+                            Ok(grpc) => match service.produce_inner(grpc, true).await {
                                 Ok(r) => Ok(r.base_offset),
                                 Err(e) => Err((error_code(&e), e.detail())),
                             },

@@ -31,6 +31,7 @@ pub fn validate_batch(limits: &Limits, batch: &ProduceBatch) -> Result<BatchHead
             last_seq: -1,
             record_count,
             transactional: false,
+            any_first_sequence: false,
         });
     }
     idempotent_header(batch)
@@ -106,5 +107,6 @@ fn idempotent_header(batch: &ProduceBatch) -> Result<BatchHeader> {
         last_seq: increment_sequence(batch.base_sequence, (count - 1) as i32),
         record_count: count as i64,
         transactional: batch.is_transactional,
+        any_first_sequence: false,
     })
 }

@@ -172,6 +172,12 @@ pub struct BatchHeader {
     pub record_count: i64,
     /// Transactional batch.
     pub transactional: bool,
+    /// Where a PID this partition has no state for (never seen, or forgotten by expiry) may
+    /// start: at any sequence (set by the shell for Kafka's protocol, whose connections are
+    /// handled one request at a time, in order: Kafka's own rule since KIP-360), or only at 0
+    /// (`false`, the gRPC face: one client's concurrent requests may be handled in any order,
+    /// so a new PID's later batch could otherwise land before its first).
+    pub any_first_sequence: bool,
 }
 
 /// One remembered batch of a PID: its sequence range and where it landed.

@@ -53,14 +53,17 @@ impl PartitionState {
         Ok(self.append(h, Some(next)))
     }
 
-    /// A PID this partition has never seen: it must start at sequence 0.
+    /// A PID this partition has no state for (never seen, or forgotten by expiry): it starts
+    /// at sequence 0, or at any sequence where the face allows it
+    /// ([`BatchHeader::any_first_sequence`]); a transactional batch is verified first either way
+    /// (check 4), so a zombie whose state was forgotten is still refused by the coordinator.
     fn check_first_batch(
         &self,
         h: &BatchHeader,
         verified: bool,
         now_ms: i64,
     ) -> Result<ProduceDecision> {
-        if h.first_seq != 0 {
+        if h.first_seq != 0 && !h.any_first_sequence {
             return Err(Error::UnknownProducerId(format!(
                 "no state for producer {} and its batch starts at sequence {} (not 0)",
                 h.producer_id, h.first_seq

@@ -201,6 +201,30 @@ fn unknown_pid_must_start_at_zero() {
     produce(&mut s, &header(7, 2, 0, 1, false)).unwrap();
 }
 
+/// Over Kafka's protocol (requests of a connection handled in order), a PID without state may
+/// start anywhere, as in Kafka: its state starts there and the next batch must follow it. A
+/// transactional one is still verified by the coordinator first.
+#[test]
+fn where_the_face_allows_it_an_unknown_pid_starts_at_any_sequence() {
+    let resumed = |pid, seq, txn| BatchHeader {
+        any_first_sequence: true,
+        ..header(pid, 0, seq, 2, txn)
+    };
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &resumed(7, 5, false)).unwrap();
+    assert_eq!(s.producer(7).unwrap().last_sequence(), Some(6));
+    assert_eq!(
+        code(produce(&mut s, &header(7, 0, 9, 1, false))),
+        proto::ErrorCode::OutOfOrderSequenceNumber
+    );
+    produce(&mut s, &header(7, 0, 7, 1, false)).unwrap();
+    assert_eq!(
+        s.check_produce(&resumed(8, 3, true), false, 10).unwrap(),
+        ProduceDecision::NeedsVerification
+    );
+    assert_eq!(s.high_watermark(), 3);
+}
+
 #[test]
 fn plain_producers_skip_checks() {
     let mut s = PartitionState::new(false);
@@ -809,6 +833,15 @@ fn a_forgotten_producer_is_still_fenced_or_starts_afresh() {
     assert_eq!(
         s.check_produce(&header(2, 5, 0, 1, true), false, 200)
             .unwrap(),
+        ProduceDecision::NeedsVerification
+    );
+    // The same zombie resuming at its next sequence over Kafka's protocol: verified too.
+    let resumed = BatchHeader {
+        any_first_sequence: true,
+        ..header(2, 5, 1, 1, true)
+    };
+    assert_eq!(
+        s.check_produce(&resumed, false, 200).unwrap(),
         ProduceDecision::NeedsVerification
     );
     // A producer that starts afresh at sequence 0 gets a new window.

@@ -471,6 +471,7 @@ impl LeaderService {
             let first = &pids[..pids.len().min(8)];
             info!(partition = %part.tp, producers = pids.len(), ?first,
                   "expired producer states forgotten");
+            self.inner.metrics.producers_expired(pids.len());
             forgotten += pids.len();
         }
         forgotten

@@ -61,31 +61,44 @@ impl LeaderService {
             .batch
             .as_ref()
             .map_or(cluster::NO_PRODUCER_ID, |b| b.producer_id);
-        let response = self.produce_inner(request).await.unwrap_or_else(|e| {
-            let (error_code, error_message) = e.to_wire();
-            debug!(error_message, "produce rejected");
-            ProduceResponse {
-                error_code,
-                error_message,
-                base_offset: -1,
-                duplicate: false,
-                high_watermark: -1,
-            }
-        });
+        let response = self
+            .produce_inner(request, false)
+            .await
+            .unwrap_or_else(|e| {
+                let (error_code, error_message) = e.to_wire();
+                debug!(error_message, "produce rejected");
+                ProduceResponse {
+                    error_code,
+                    error_message,
+                    base_offset: -1,
+                    duplicate: false,
+                    high_watermark: -1,
+                }
+            });
         self.inner
             .metrics
             .request("Produce", response.error_code, "", pid);
         response
     }
 
-    pub(crate) async fn produce_inner(&self, request: ProduceRequest) -> Result<ProduceResponse> {
+    /// One batch: section 9's checks and the durable write. `any_first_sequence`: a PID
+    /// without state here may start at any sequence ([`BatchHeader::any_first_sequence`]: only
+    /// for a face that handles a connection's requests one at a time, in order).
+    pub(crate) async fn produce_inner(
+        &self,
+        request: ProduceRequest,
+        any_first_sequence: bool,
+    ) -> Result<ProduceResponse> {
         let part = self.partition(&request.topic, request.partition)?;
         let batch = batch_from_wire(
             request
                 .batch
                 .ok_or_else(|| Error::InvalidRequest("missing batch".into()))?,
         );
-        let header = core::validate_batch(&self.inner.limits, &batch)?;
+        let header = BatchHeader {
+            any_first_sequence,
+            ..core::validate_batch(&self.inner.limits, &batch)?
+        };
         let mut records = Some(batch.records);
         let mut verified = false;
         loop {
