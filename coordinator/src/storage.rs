@@ -437,9 +437,6 @@ impl Storage for SledStorage {
                         migrated.remove(history_key(&meta.transactional_id, change.seq));
                         migrating = true;
                     }
-                    if let Some(last) = history.last() {
-                        stored.insert(meta.transactional_id.clone(), last.seq);
-                    }
                     meta.history = Arc::new(history);
                 }
                 None if !meta.history.is_empty() => {
@@ -451,12 +448,12 @@ impl Storage for SledStorage {
                         let key = history_key(&meta.transactional_id, seq);
                         migrated.insert(key, serde_json::to_vec(change)?);
                     }
-                    if let Some(last) = history.last() {
-                        stored.insert(meta.transactional_id.clone(), last.seq);
-                    }
                     migrating = true;
                 }
                 None => {}
+            }
+            if let Some(last) = meta.history.last() {
+                stored.insert(meta.transactional_id.clone(), last.seq);
             }
             txns.push(meta);
         }

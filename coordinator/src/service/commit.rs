@@ -100,12 +100,6 @@ struct Queue {
     writer_waits: bool,
 }
 
-impl Queue {
-    /// Whether the change just made needs the writer woken.
-    fn wake_writer(&self) -> bool {
-        self.writer_waits
-    }
-}
 
 /// The queue in front of the writer thread, shared with it.
 struct Inner {
@@ -182,7 +176,7 @@ impl Inner {
         let wake = {
             let mut queue = lock(&self.queue);
             queue.writing = false;
-            queue.wake_writer()
+            queue.writer_waits
         };
         if wake {
             self.wake.notify_all();
@@ -337,7 +331,7 @@ impl GroupCommit {
                 return Err(stopping());
             }
             queue.pending.push_back(Pending { write, done });
-            queue.wake_writer()
+            queue.writer_waits
         };
         if wake {
             self.inner.wake.notify_all();
