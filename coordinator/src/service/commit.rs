@@ -100,7 +100,6 @@ struct Queue {
     writer_waits: bool,
 }
 
-
 /// The queue in front of the writer thread, shared with it.
 struct Inner {
     queue: Mutex<Queue>,

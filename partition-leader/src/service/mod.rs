@@ -107,6 +107,23 @@ pub struct LeaderConfig {
 /// Default of [`LeaderConfig::producer_id_expiration`]: one day, as Kafka's.
 pub const DEFAULT_PRODUCER_ID_EXPIRATION: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// Kafka clients' default `delivery.timeout.ms`: how long a producer may retry one batch. A
+/// producer state forgotten sooner can let a retry of an appended batch in again (a warning at
+/// start: tests run with a short expiry on purpose).
+const RETRY_WINDOW: Duration = Duration::from_secs(120);
+
+/// What a leader warns of at start about its producer state expiry, if anything.
+fn expiry_warning(expiration: Duration) -> Option<String> {
+    (expiration < RETRY_WINDOW).then(|| {
+        format!(
+            "producer.id.expiration.ms is {} ms, below Kafka clients' default delivery.timeout.ms \
+             ({} ms): a producer's retry may arrive after its state was forgotten and be appended twice",
+            expiration.as_millis(),
+            RETRY_WINDOW.as_millis()
+        )
+    })
+}
+
 /// Default of [`LeaderConfig::producer_id_expiration_check_interval`]: ten minutes, as Kafka's.
 pub const DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL: Duration = Duration::from_secs(10 * 60);
 
@@ -776,6 +793,9 @@ async fn serve_inner(
     health.set_serving(true).await;
     let _ = service.inner.health.set(health.clone());
     tokio::spawn(watch_storage(watched, health.clone(), service.stopping()));
+    if let Some(warning) = expiry_warning(service.inner.producer_id_expiration) {
+        warn!("{warning}");
+    }
     tokio::spawn(expire_producers_periodically(
         service.clone(),
         expiry_interval,
@@ -816,4 +836,17 @@ async fn serve_inner(
     served?;
     info!(node_id, "partition leader stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expiry_shorter_than_a_clients_retries_is_warned_of() {
+        assert_eq!(expiry_warning(DEFAULT_PRODUCER_ID_EXPIRATION), None);
+        assert_eq!(expiry_warning(RETRY_WINDOW), None);
+        let warning = expiry_warning(Duration::from_millis(1_500)).unwrap();
+        assert!(warning.contains("1500 ms"), "{warning}");
+    }
 }
