@@ -1172,3 +1172,47 @@ async fn a_group_member_from_before_a_coordinator_restart_is_fenced() {
     );
     cluster.shutdown().await.unwrap();
 }
+
+/// kafka-python's consume-transform-produce: a group consumer and a transactional producer
+/// that commits the consumer's positions with send_offsets_to_transaction (KIP-447 group
+/// metadata). Every input record comes out once, read_committed, and the group's committed
+/// offsets are the end of the input, as kafka-python itself reads them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_python_consume_transform_produce_with_a_group() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let mut input = IdempotentProducer::connect(config(&cluster)).await.unwrap();
+    let mut expected = std::collections::BTreeSet::new();
+    for p in 0..3 {
+        let values: Vec<String> = (0..20).map(|i| format!("kp-{p}-{i}")).collect();
+        expected.extend(values.iter().map(|v| format!("out-{v}")));
+        input
+            .send_batch(
+                "input",
+                producer_client::Target::Partition(p),
+                values.iter().map(|v| v.clone().into_bytes()).collect(),
+            )
+            .await
+            .unwrap();
+    }
+    let report = run_script(
+        &python,
+        "processor_kafka_python.py",
+        &bootstrap,
+        &["kp-ctp", "kp-ctp-txn", "60"],
+    )
+    .await;
+    assert_eq!(report["processed"], 60, "{report}");
+    assert_eq!(
+        report["committed"],
+        serde_json::json!({"0": 20, "1": 20, "2": 20}),
+        "{report}"
+    );
+    let out = read_topic(&cluster, "output", Isolation::ReadCommitted).await;
+    let values: Vec<&String> = out.values().flatten().collect();
+    assert_eq!(values.len(), expected.len(), "duplicates or losses");
+    let got: std::collections::BTreeSet<String> = values.into_iter().cloned().collect();
+    assert_eq!(got, expected);
+    cluster.shutdown().await.unwrap();
+}
