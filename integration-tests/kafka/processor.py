@@ -2,13 +2,16 @@
 `input` (read_committed), and for each polled batch a transaction writes "out-<value>" to
 `output` (same partition, same key) and commits the consumer's positions with
 send_offsets_to_transaction. Runs until the file STOP exists; prints "committed N" after each
-transaction so the test can kill it mid-run.
+transaction so the test can kill it mid-run. Handles errors as an exactly-once application must
+(librdkafka's transactional API): a retriable commit is retried, an abortable one aborts the
+transaction and rewinds the consumer to the group's committed offsets, a fatal one ends it.
 
 usage: processor.py BOOTSTRAP GROUP TRANSACTIONAL_ID STOP_FILE"""
 import os
 import sys
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
+                             TopicPartition)
 
 from common import bootstrap, report
 
@@ -34,17 +37,19 @@ producer = Producer({
 producer.init_transactions(60)
 consumer.subscribe(["input"])
 
-committed = 0
-transactions = 0
-while not os.path.exists(stop_file):
-    messages = consumer.consume(num_messages=20, timeout=0.2)
-    messages = [m for m in messages if m.error() is None or
-                m.error().code() != KafkaError._PARTITION_EOF]
-    if not messages:
-        continue
-    for m in messages:
-        if m.error():
-            raise KafkaException(m.error())
+
+
+def rewind():
+    """Back to the group's committed offsets, so an aborted transaction's input is read again."""
+    assignment = consumer.assignment()
+    if not assignment:
+        return
+    for tp in consumer.committed(assignment, timeout=60):
+        consumer.seek(TopicPartition(tp.topic, tp.partition,
+                                     tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+
+
+def process(messages):
     producer.begin_transaction()
     for m in messages:
         producer.produce("output", key=m.key(), value=b"out-" + m.value(), partition=m.partition())
@@ -54,10 +59,43 @@ while not os.path.exists(stop_file):
         next_offsets[m.partition()] = max(next_offsets.get(m.partition(), 0), m.offset() + 1)
     positions = [TopicPartition("input", p, o) for p, o in sorted(next_offsets.items())]
     producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), 60)
-    producer.commit_transaction(60)
+    while True:
+        try:
+            producer.commit_transaction(60)
+            return
+        except KafkaException as e:
+            if not e.args[0].retriable():
+                raise
+
+
+committed = 0
+transactions = 0
+aborted = 0
+while not os.path.exists(stop_file):
+    messages = consumer.consume(num_messages=20, timeout=0.2)
+    messages = [m for m in messages if m.error() is None or
+                m.error().code() != KafkaError._PARTITION_EOF]
+    for m in messages:
+        if m.error():
+            if m.error().fatal():
+                raise KafkaException(m.error())
+            print("consumer error: %s" % m.error(), file=sys.stderr, flush=True)
+    messages = [m for m in messages if m.error() is None]
+    if not messages:
+        continue
+    try:
+        process(messages)
+    except KafkaException as e:
+        if not e.args[0].txn_requires_abort():
+            raise
+        print("aborting: %s" % e.args[0], file=sys.stderr, flush=True)
+        producer.abort_transaction(60)
+        aborted += 1
+        rewind()
+        continue
     committed += len(messages)
     transactions += 1
     print("committed %d" % committed, flush=True)
 
 consumer.close()
-report(committed=committed, transactions=transactions)
+report(committed=committed, transactions=transactions, aborted=aborted)

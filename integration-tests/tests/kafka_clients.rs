@@ -592,23 +592,50 @@ impl Feeder {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_killed_processor() {
+/// What [`consume_transform_produce_through`] does to the running processors.
+enum CtpFault {
+    /// Kill processor A (no LeaveGroup, maybe an open transaction) and start its replacement.
+    KillProcessor,
+    /// Kill the group's coordinator (in-process: every task of the node stops at once) and
+    /// restart it: the group's membership is gone, transactions may be open.
+    RestartGroupCoordinator,
+}
+
+/// Two librdkafka consume-transform-produce processors in group `ctp` while input keeps
+/// arriving, through `fault`: in the end every input record's output is there exactly once
+/// (read_committed) and the group's committed offsets are the end of the input.
+async fn consume_transform_produce_through(fault: CtpFault) {
     let Some(python) = python().await else { return };
-    let cluster = cluster().await;
+    let mut cluster = cluster().await;
     let bootstrap = cluster.kafka_bootstrap().join(",");
     let feeder = Feeder::start(&cluster).await;
     let dir = tempfile_dir();
     let stop = dir.join("stop");
     let mut a = start_processor(&python, &bootstrap, "processor-a", &stop).await;
-    let b = start_processor(&python, &bootstrap, "processor-b", &stop).await;
+    let mut b = start_processor(&python, &bootstrap, "processor-b", &stop).await;
     a.committed_at_least(100).await;
-    // Kill A mid-run (no LeaveGroup, maybe an open transaction) and start its replacement; the
-    // input is still flowing, so the replacement has work once the group gives it partitions.
-    a.child.start_kill().unwrap();
-    a.child.wait().await.unwrap();
-    let mut a2 = start_processor(&python, &bootstrap, "processor-a", &stop).await;
-    a2.committed_at_least(1).await;
+    let processors = match fault {
+        CtpFault::KillProcessor => {
+            // The input is still flowing, so the replacement has work once the group gives it
+            // partitions.
+            a.child.start_kill().unwrap();
+            a.child.wait().await.unwrap();
+            let mut a2 = start_processor(&python, &bootstrap, "processor-a", &stop).await;
+            a2.committed_at_least(1).await;
+            vec![b, a2]
+        }
+        CtpFault::RestartGroupCoordinator => {
+            b.committed_at_least(1).await;
+            let node = cluster.coordinator_for("ctp");
+            cluster.kill(node).await.unwrap();
+            cluster.restart(node).await.unwrap();
+            // Both go on committing once they rejoined the restarted coordinator's group.
+            let (after_a, after_b) = (a.committed + 1, b.committed + 1);
+            a.committed_at_least(after_a).await;
+            b.committed_at_least(after_b).await;
+            vec![a, b]
+        }
+    };
     let written = feeder.stop().await;
     let expected: std::collections::BTreeSet<String> = written
         .iter()
@@ -628,7 +655,10 @@ async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_kille
     })
     .await;
     std::fs::write(&stop, b"stop").unwrap();
-    let (rb, ra2) = (b.finish().await, a2.finish().await);
+    let mut reports = Vec::new();
+    for p in processors {
+        reports.push(p.finish().await);
+    }
 
     // Exactly once: every input record's output is there once, nothing else.
     let out = read_topic(&cluster, "output", Isolation::ReadCommitted).await;
@@ -636,7 +666,7 @@ async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_kille
     assert_eq!(
         values.len(),
         expected.len(),
-        "duplicates or losses ({rb}, {ra2})"
+        "duplicates or losses ({reports:?})"
     );
     let got: std::collections::BTreeSet<String> = values.into_iter().cloned().collect();
     assert_eq!(got, expected);
@@ -652,6 +682,19 @@ async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_kille
         );
     }
     cluster.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_killed_processor() {
+    consume_transform_produce_through(CtpFault::KillProcessor).await;
+}
+
+/// The same through a restart of the group's coordinator: librdkafka's consumers rejoin a
+/// group that starts over (new member ids, generation 1), its producers retry or abort what
+/// the restart cut off, and still nothing is lost or duplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consume_transform_produce_survives_a_restart_of_the_groups_coordinator() {
+    consume_transform_produce_through(CtpFault::RestartGroupCoordinator).await;
 }
 
 /// A fresh directory under the system temp dir (removed by the OS; tests never share one).
