@@ -627,6 +627,11 @@ async fn consume_transform_produce_through(fault: CtpFault) {
         CtpFault::RestartGroupCoordinator => {
             b.committed_at_least(1).await;
             let node = cluster.coordinator_for("ctp");
+            let txn_nodes = [
+                cluster.coordinator_for("processor-a"),
+                cluster.coordinator_for("processor-b"),
+            ];
+            eprintln!("restarting node {node}, the group's coordinator (the processors' transactions are on {txn_nodes:?})");
             cluster.kill(node).await.unwrap();
             cluster.restart(node).await.unwrap();
             // Both go on committing once they rejoined the restarted coordinator's group.
@@ -689,9 +694,11 @@ async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_kille
     consume_transform_produce_through(CtpFault::KillProcessor).await;
 }
 
-/// The same through a restart of the group's coordinator: librdkafka's consumers rejoin a
-/// group that starts over (new member ids, generation 1), its producers retry or abort what
-/// the restart cut off, and still nothing is lost or duplicated.
+/// The same through a restart of the group's coordinator (in the embedded topology also
+/// processor-b's transaction coordinator, so a transaction is open there too): librdkafka's
+/// consumers rejoin a group that starts over (new member ids, generation 1), their
+/// send_offsets_to_transaction from the old membership is UNKNOWN_MEMBER_ID, the processors
+/// abort and rewind, and still nothing is lost or duplicated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_consume_transform_produce_survives_a_restart_of_the_groups_coordinator() {
     consume_transform_produce_through(CtpFault::RestartGroupCoordinator).await;
