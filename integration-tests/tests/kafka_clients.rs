@@ -599,6 +599,9 @@ enum CtpFault {
     /// Kill the group's coordinator (in-process: every task of the node stops at once) and
     /// restart it: the group's membership is gone, transactions may be open.
     RestartGroupCoordinator,
+    /// Kill the leader of `output` partition 0 and restart it: produce requests and markers
+    /// to it fail meanwhile, transactions are open.
+    RestartOutputLeader,
 }
 
 /// Two librdkafka consume-transform-produce processors in group `ctp` while input keeps
@@ -635,6 +638,16 @@ async fn consume_transform_produce_through(fault: CtpFault) {
             cluster.kill(node).await.unwrap();
             cluster.restart(node).await.unwrap();
             // Both go on committing once they rejoined the restarted coordinator's group.
+            let (after_a, after_b) = (a.committed + 1, b.committed + 1);
+            a.committed_at_least(after_a).await;
+            b.committed_at_least(after_b).await;
+            vec![a, b]
+        }
+        CtpFault::RestartOutputLeader => {
+            b.committed_at_least(1).await;
+            let node = cluster.topology().leader_for("output", 0).unwrap().id;
+            cluster.kill(node).await.unwrap();
+            cluster.restart(node).await.unwrap();
             let (after_a, after_b) = (a.committed + 1, b.committed + 1);
             a.committed_at_least(after_a).await;
             b.committed_at_least(after_b).await;
@@ -702,6 +715,12 @@ async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_kille
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_consume_transform_produce_survives_a_restart_of_the_groups_coordinator() {
     consume_transform_produce_through(CtpFault::RestartGroupCoordinator).await;
+}
+
+/// The same through a restart of a partition leader the processors write to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consume_transform_produce_survives_a_restart_of_an_output_leader() {
+    consume_transform_produce_through(CtpFault::RestartOutputLeader).await;
 }
 
 /// A fresh directory under the system temp dir (removed by the OS; tests never share one).
