@@ -469,10 +469,28 @@ async fn start_processor(
     txn_id: &'static str,
     stop: &Path,
 ) -> Processor {
+    start_script(
+        python,
+        "processor.py",
+        &[bootstrap, "ctp", txn_id],
+        txn_id,
+        stop,
+    )
+    .await
+}
+
+/// Starts `script` with `args` and the stop file, its "<word> N" progress lines readable.
+async fn start_script(
+    python: &Path,
+    script: &str,
+    args: &[&str],
+    name: &'static str,
+    stop: &Path,
+) -> Processor {
     let dir = repo_root().join("integration-tests/kafka");
     let mut child = tokio::process::Command::new(python)
-        .arg(dir.join("processor.py"))
-        .args([bootstrap, "ctp", txn_id])
+        .arg(dir.join(script))
+        .args(args)
         .arg(stop)
         .current_dir(&dir)
         .stdout(Stdio::piped())
@@ -482,7 +500,7 @@ async fn start_processor(
         .expect("python starts");
     let stdout = child.stdout.take().unwrap();
     Processor {
-        name: txn_id,
+        name,
         child,
         lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
         committed: 0,
@@ -510,8 +528,9 @@ impl Processor {
                 );
             };
             if let Some(n) = line
-                .strip_prefix("committed ")
-                .and_then(|n| n.parse::<u64>().ok())
+                .split_once(' ')
+                .filter(|(word, _)| matches!(*word, "committed" | "consumed"))
+                .and_then(|(_, n)| n.parse::<u64>().ok())
             {
                 self.committed = n;
             }
@@ -1283,5 +1302,71 @@ async fn kafka_python_consume_transform_produce_with_a_group() {
     assert_eq!(values.len(), expected.len(), "duplicates or losses");
     let got: std::collections::BTreeSet<String> = values.into_iter().cloned().collect();
     assert_eq!(got, expected);
+    cluster.shutdown().await.unwrap();
+}
+
+/// kafka-python's group consumer through a restart of its group's coordinator: it rejoins a
+/// group that starts over (new member ids, generation 1), a commit from the old membership is
+/// refused and left to the next poll, and in the end it has seen every record and committed
+/// the end of the input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_python_group_consumer_survives_a_restart_of_its_coordinator() {
+    let Some(python) = python().await else { return };
+    let mut cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let group = "kp-group";
+    let feeder = Feeder::start(&cluster).await;
+    let dir = tempfile_dir();
+    let stop = dir.join("stop");
+    let mut consumer = start_script(
+        &python,
+        "group_consumer_kafka_python.py",
+        &[&bootstrap, group],
+        "kafka-python consumer",
+        &stop,
+    )
+    .await;
+    consumer.committed_at_least(50).await;
+    let node = cluster.coordinator_for(group);
+    cluster.kill(node).await.unwrap();
+    cluster.restart(node).await.unwrap();
+    let after = consumer.committed + 50;
+    consumer.committed_at_least(after).await;
+    let written = feeder.stop().await;
+    let total: usize = written.iter().map(Vec::len).sum();
+    consumer.committed_at_least(total as u64).await;
+    // Its last commit covers the end of every partition.
+    let mut reader =
+        producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    let deadline = std::time::Instant::now() + STALL_TIMEOUT;
+    loop {
+        let committed = reader
+            .committed_offsets(group, &[])
+            .await
+            .unwrap_or_default();
+        let at_end = written
+            .iter()
+            .enumerate()
+            .all(|(p, v)| committed.get(&tp("input", p as i32)) == Some(&(v.len() as i64)));
+        if at_end {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the end of the input never committed: {committed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::fs::write(&stop, b"stop").unwrap();
+    let report = consumer.finish().await;
+    let seen: std::collections::BTreeSet<&str> = report["seen"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let expected: std::collections::BTreeSet<&str> =
+        written.iter().flatten().map(String::as_str).collect();
+    assert_eq!(seen, expected, "every record seen ({})", report["refused"]);
     cluster.shutdown().await.unwrap();
 }
