@@ -33,7 +33,8 @@
 //! core expire silent members. Every membership hands out member ids of its own life
 //! (`<client id>-<node>.<coordinator generation>.<n>-<m>`), so a zombie member from before a
 //! coordinator restart, or from before its idle group was dropped, never holds a live member's
-//! id; idle groups (Empty, nobody waiting, no request on them) are dropped every minute, so
+//! id; idle groups (Empty, nobody waiting, no request on them) are dropped every minute (a
+//! timer, and any group request once the last sweep is a minute old), so
 //! memberships do not pile up (their offsets are stored apart and stay). KIP-447: a TxnOffsetCommit (v3) or an OffsetCommit that names a
 //! member and generation is checked against the group first: an older generation is
 //! ILLEGAL_GENERATION, an unknown member UNKNOWN_MEMBER_ID, another static instance
@@ -165,16 +166,34 @@ impl KafkaCoordinator {
         self.groups.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The group's slot, created Empty if unknown (with member ids of a new life); every
-    /// [`IDLE_GROUP_SWEEP`], idle groups are dropped first, so memberships do not pile up.
+    /// Drops idle groups every [`IDLE_GROUP_SWEEP`] until the coordinator stops (a group
+    /// request also does, when the last sweep is that old).
+    pub(crate) async fn drop_idle_groups_periodically(&self) {
+        let mut stopping = self.service.stopping();
+        loop {
+            tokio::select! {
+                _ = stopping.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(IDLE_GROUP_SWEEP) => {}
+            }
+            self.sweep(&mut self.groups());
+        }
+    }
+
+    /// Drops the idle groups now (see [`drop_idle_groups`]).
+    fn sweep(&self, groups: &mut Groups) {
+        groups.swept = Instant::now();
+        let dropped = drop_idle_groups(&mut groups.slots, cluster::node::now_ms());
+        if dropped > 0 {
+            tracing::debug!(dropped, "idle consumer groups dropped");
+        }
+    }
+
+    /// The group's slot, created Empty if unknown (with member ids of a new life); idle groups
+    /// are dropped first when the last sweep is [`IDLE_GROUP_SWEEP`] old.
     fn group(&self, group_id: &str) -> Arc<GroupSlot> {
         let mut groups = self.groups();
         if groups.swept.elapsed() >= IDLE_GROUP_SWEEP {
-            groups.swept = Instant::now();
-            let dropped = drop_idle_groups(&mut groups.slots, cluster::node::now_ms());
-            if dropped > 0 {
-                tracing::debug!(dropped, "idle consumer groups dropped");
-            }
+            self.sweep(&mut groups);
         }
         groups
             .slots

@@ -336,6 +336,8 @@ async fn serve_inner(
             shared.clone(),
         )));
         let mut stopped = shared.stop.subscribe();
+        let sweeper = handler.clone();
+        shared.spawn(async move { sweeper.drop_idle_groups_periodically().await });
         shared.spawn(async move {
             let stop = async move {
                 let _ = stopped.wait_for(|s| *s).await;
