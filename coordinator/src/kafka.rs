@@ -33,12 +33,12 @@
 //! core expire silent members. Every membership hands out member ids of its own life
 //! (`<client id>-<node>.<coordinator generation>.<n>-<m>`), so a zombie member from before a
 //! coordinator restart, or from before its idle group was dropped, never holds a live member's
-//! id; idle groups (Empty, nobody waiting, no request on them) are dropped every minute (a
-//! timer, and any group request once the last sweep is a minute old), so
-//! memberships do not pile up (their offsets are stored apart and stay). KIP-447: a TxnOffsetCommit (v3) or an OffsetCommit that names a
-//! member and generation is checked against the group first: an older generation is
-//! ILLEGAL_GENERATION, an unknown member UNKNOWN_MEMBER_ID, another static instance
-//! FENCED_INSTANCE_ID, and nothing is recorded. An accepted TxnOffsetCommit leaves its
+//! id. Idle groups (Empty, nobody waiting, no request on them) are dropped every minute (a
+//! timer, and any group request once the last sweep is a minute old), so memberships do not
+//! pile up; their offsets are stored apart and stay. KIP-447: a TxnOffsetCommit (v3) or an
+//! OffsetCommit that names a member and generation is checked against the group first: an
+//! older generation is ILLEGAL_GENERATION, an unknown member UNKNOWN_MEMBER_ID, another static
+//! instance FENCED_INSTANCE_ID, and nothing is recorded. An accepted TxnOffsetCommit leaves its
 //! partitions pending ([`crate::core::PendingTxnOffsets`], durable before the commit is handed
 //! on, so a restart keeps them) until the transaction's marker for
 //! the group is applied; an OffsetFetch v7 with require_stable gets UNSTABLE_OFFSET_COMMIT for
@@ -111,7 +111,8 @@ struct Groups {
     swept: Instant,
 }
 
-/// How often idle groups are looked for (at the next group request after this long).
+/// How often idle groups are dropped (by a timer, and by a group request that finds the last
+/// sweep this old).
 const IDLE_GROUP_SWEEP: Duration = Duration::from_secs(60);
 
 /// Drops the groups that are idle ([`GroupMembership::is_idle`], after expiring silent
