@@ -25,7 +25,7 @@ pub enum Error {
     /// A sequence gap, or a new epoch that does not start at sequence 0.
     #[error("out of order sequence number: {0}")]
     OutOfOrderSequenceNumber(String),
-    /// No state for this PID and the batch does not start at sequence 0.
+    /// No state for this PID and the batch does not start at sequence 0 (where it must).
     #[error("unknown producer id: {0}")]
     UnknownProducerId(String),
     /// The batch does not fit the PID's transaction state on this partition.

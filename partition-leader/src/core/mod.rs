@@ -28,10 +28,11 @@
 //! rejected before anything else looks at the batch.
 //!
 //! Choices where PROTOCOL.md is silent:
-//! - A PID with no state here must start at sequence 0; anything else is UNKNOWN_PRODUCER_ID (the
-//!   proto's definition of that code). There is no log retention, so state is lost only by
-//!   expiry (below), and Kafka's "accept any sequence from an unknown producer" leniency is not
-//!   needed.
+//! - A PID with no state here must start at sequence 0 over gRPC; anything else is
+//!   UNKNOWN_PRODUCER_ID (the proto's definition of that code), because one client's concurrent
+//!   gRPC requests may be handled in any order. Over Kafka's protocol (a connection's requests
+//!   handled in order) it may start at any sequence, Kafka's own rule since KIP-360, which
+//!   Kafka clients rely on after expiry (below): [`BatchHeader::any_first_sequence`].
 //! - Expiry (Kafka's `producer.id.expiration.ms`): [`PartitionState::expired_producers`] names
 //!   the PIDs with no transaction open here whose state has not changed for the expiration
 //!   time; the shell forgets them ([`PartitionState::forget_producers`]). Fencing does not rest
