@@ -38,9 +38,9 @@
 //!   time; the shell forgets them ([`PartitionState::forget_producers`]). Fencing does not rest
 //!   on that state alone: a transactional batch for a PID without state opens a transaction, so
 //!   it is verified with the coordinator first, which refuses an old epoch (or an id it no longer
-//!   knows); a continuing batch of a forgotten PID has a sequence above 0, which is
-//!   UNKNOWN_PRODUCER_ID. What is lost is the duplicate window of an idle idempotent producer,
-//!   as in Kafka.
+//!   knows); a continuing idempotent batch of a forgotten PID is UNKNOWN_PRODUCER_ID over gRPC
+//!   and goes on over Kafka's protocol. What is lost is the duplicate window of an idle
+//!   idempotent producer, as in Kafka.
 //! - Plain producers (`producer_id == -1`) skip every check; their epoch and sequence are ignored.
 //!   A transactional batch without a PID is INVALID_REQUEST.
 //! - Transaction version 2: every marker carries an epoch above the transaction it ends. So a
