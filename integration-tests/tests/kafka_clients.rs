@@ -17,7 +17,7 @@ use std::time::Duration;
 use integration_tests::{cluster, cluster_with, config, read_topic, tp};
 use producer_client::{IdempotentProducer, Isolation};
 use serde_json::Value;
-use testkit::kafka::{call as kafka_call, offset_fetch_v7, OffsetTxn};
+use testkit::kafka::{call as kafka_call, join_group, offset_fetch_v7, OffsetTxn};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -611,6 +611,23 @@ impl Feeder {
     }
 }
 
+/// Exactly once: every expected value is in `output` (read_committed) once, and nothing else.
+async fn assert_output_exactly_once(
+    cluster: &minibroker::EmbeddedCluster,
+    expected: &std::collections::BTreeSet<String>,
+    context: &str,
+) {
+    let out = read_topic(cluster, "output", Isolation::ReadCommitted).await;
+    let values: Vec<&String> = out.values().flatten().collect();
+    assert_eq!(
+        values.len(),
+        expected.len(),
+        "duplicates or losses ({context})"
+    );
+    let got: std::collections::BTreeSet<String> = values.into_iter().cloned().collect();
+    assert_eq!(&got, expected, "{context}");
+}
+
 /// What [`consume_transform_produce_through`] does to the running processors.
 enum CtpFault {
     /// Kill processor A (no LeaveGroup, maybe an open transaction) and start its replacement.
@@ -697,16 +714,7 @@ async fn consume_transform_produce_through(fault: CtpFault) {
         reports.push(p.finish().await);
     }
 
-    // Exactly once: every input record's output is there once, nothing else.
-    let out = read_topic(&cluster, "output", Isolation::ReadCommitted).await;
-    let values: Vec<&String> = out.values().flatten().collect();
-    assert_eq!(
-        values.len(),
-        expected.len(),
-        "duplicates or losses ({reports:?})"
-    );
-    let got: std::collections::BTreeSet<String> = values.into_iter().cloned().collect();
-    assert_eq!(got, expected);
+    assert_output_exactly_once(&cluster, &expected, &format!("{reports:?}")).await;
     // The group's committed offsets are the end of the input.
     let mut consumer =
         producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
@@ -938,22 +946,10 @@ async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
     let (txn, group) = ("kip447-txn", "kip447-group");
     let t = offset_txn(&cluster, txn, group).await;
     let group_coordinator = t.group_coordinator;
-    let s = str_bytes;
     t.add_offsets().await;
 
     // A member joins (v5: MEMBER_ID_REQUIRED first) and syncs: generation 1.
-    let join = |member: &str| {
-        let mut j = JoinGroupRequest::default();
-        j.group_id = GroupId(s(group));
-        j.session_timeout_ms = 30_000;
-        j.rebalance_timeout_ms = 30_000;
-        j.member_id = s(member);
-        j.protocol_type = s("consumer");
-        let mut p = join_group_request::JoinGroupRequestProtocol::default();
-        p.name = s("range");
-        j.protocols = vec![p];
-        RequestKind::JoinGroup(j)
-    };
+    let join = |member: &str| join_group(group, member);
     let ResponseKind::JoinGroup(first) =
         kafka_call(group_coordinator, ApiKey::JoinGroup, 5, join("")).await
     else {
@@ -1133,18 +1129,7 @@ async fn consumers_joining_a_new_group_together_share_its_first_rebalance() {
     let coordinator = cluster
         .kafka_address(cluster.coordinator_for(group))
         .unwrap();
-    let join = || {
-        let s = str_bytes;
-        let mut j = JoinGroupRequest::default();
-        j.group_id = GroupId(s(group));
-        j.session_timeout_ms = 30_000;
-        j.rebalance_timeout_ms = 30_000;
-        j.protocol_type = s("consumer");
-        let mut p = join_group_request::JoinGroupRequestProtocol::default();
-        p.name = s("range");
-        j.protocols = vec![p];
-        RequestKind::JoinGroup(j)
-    };
+    let join = || join_group(group, "");
     let started = std::time::Instant::now();
     // v3: a new member gets its id in the answer (no MEMBER_ID_REQUIRED round trip).
     let first = tokio::spawn(kafka_call(coordinator, ApiKey::JoinGroup, 3, join()));
@@ -1189,22 +1174,9 @@ async fn a_group_member_from_before_a_coordinator_restart_is_fenced() {
     let s = str_bytes;
     // v3: a new member gets its id in the answer.
     let join = || async move {
-        let mut j = JoinGroupRequest::default();
-        j.group_id = GroupId(s(group));
-        j.session_timeout_ms = 30_000;
-        j.rebalance_timeout_ms = 30_000;
-        j.protocol_type = s("consumer");
-        let mut p = join_group_request::JoinGroupRequestProtocol::default();
-        p.name = s("range");
-        j.protocols = vec![p];
         testkit::poll::eventually_within(Duration::from_secs(20), "JoinGroup", || async {
-            let ResponseKind::JoinGroup(r) = kafka_call(
-                coordinator,
-                ApiKey::JoinGroup,
-                3,
-                RequestKind::JoinGroup(j.clone()),
-            )
-            .await
+            let ResponseKind::JoinGroup(r) =
+                kafka_call(coordinator, ApiKey::JoinGroup, 3, join_group(group, "")).await
             else {
                 panic!("JoinGroup response")
             };
@@ -1297,11 +1269,7 @@ async fn kafka_python_consume_transform_produce_with_a_group() {
         serde_json::json!({"0": 20, "1": 20, "2": 20}),
         "{report}"
     );
-    let out = read_topic(&cluster, "output", Isolation::ReadCommitted).await;
-    let values: Vec<&String> = out.values().flatten().collect();
-    assert_eq!(values.len(), expected.len(), "duplicates or losses");
-    let got: std::collections::BTreeSet<String> = values.into_iter().cloned().collect();
-    assert_eq!(got, expected);
+    assert_output_exactly_once(&cluster, &expected, &report.to_string()).await;
     cluster.shutdown().await.unwrap();
 }
 

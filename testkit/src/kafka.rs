@@ -201,3 +201,19 @@ pub async fn offset_fetch_v7(
         .map_or((-1, -1), |p| (p.error_code, p.committed_offset));
     (r.error_code, partition)
 }
+
+/// A JoinGroup request of a consumer (protocol type `consumer`, one `range` protocol, 30 s
+/// session and rebalance timeouts) for `group`, as `member` (empty: a new member).
+pub fn join_group(group: &str, member: &str) -> RequestKind {
+    use kafka_protocol::messages::*;
+    let mut j = JoinGroupRequest::default();
+    j.group_id = GroupId(str_bytes(group));
+    j.session_timeout_ms = 30_000;
+    j.rebalance_timeout_ms = 30_000;
+    j.member_id = str_bytes(member);
+    j.protocol_type = str_bytes("consumer");
+    let mut p = join_group_request::JoinGroupRequestProtocol::default();
+    p.name = str_bytes("range");
+    j.protocols = vec![p];
+    RequestKind::JoinGroup(j)
+}
