@@ -21,12 +21,13 @@
 //! - in tree `__coordinator_meta`: the coordinator generation (bumped at every start) and the
 //!   PID block bound (see [`crate::core::PidAllocator`]);
 //! - per transactional id, its last [`MAX_EPOCH_HISTORY`] epoch changes
-//!   ([`TxnMetadata::history`]), one record per change in tree `__transaction_history`: key =
-//!   length-prefixed id + big-endian [`EpochChange::seq`], value = JSON. A write stores the
-//!   newest change's record, and every [`HISTORY_TRIM_STEP`] changes removes the records that
-//!   fell out of the window, so a write costs the same whatever the length of the history (the
-//!   metadata value itself does not carry it; values written before carry it inline, and
-//!   [`Storage::load`] moves it into the tree once).
+//!   ([`TxnMetadata::history`]), one record per change in tree `__transaction_history`, in a
+//!   ring of [`MAX_EPOCH_HISTORY`] slots: key = length-prefixed id + big-endian slot
+//!   ([`EpochChange::seq`] modulo [`MAX_EPOCH_HISTORY`]), value = JSON (which carries the
+//!   `seq`). A write stores the newest change's record over the one that just fell out of the
+//!   window: one overwrite, nothing to trim, whatever the length of the history (the metadata
+//!   value itself does not carry it; values written before carry it inline, and records keyed
+//!   by `seq` come from before the ring: [`Storage::load`] moves both into the ring once).
 //!
 //! [`Storage::put_txns`] writes several ids' metadata with one flush: the service's group
 //! commit (`service/commit.rs`) gathers the transitions of concurrent requests into it.
@@ -209,12 +210,6 @@ pub struct SledStorage {
     stored_history: Arc<Mutex<HashMap<String, u64>>>,
 }
 
-/// History records that fell out of the window are removed this many at a time, by the write
-/// whose change pushes the 16th out: a write that bumps an epoch then adds one record and
-/// usually removes none. An id keeps at most [`MAX_EPOCH_HISTORY`] + 15 records on disk;
-/// [`Storage::load`] keeps the newest [`MAX_EPOCH_HISTORY`].
-pub const HISTORY_TRIM_STEP: u64 = 16;
-
 impl SledStorage {
     /// Opens (or creates) the database in `dir` ([`cluster::node::open_sled`]: creates the
     /// directory and first waits, up to [`cluster::node::SLED_LOCK_WAIT`], for a previous
@@ -238,10 +233,12 @@ impl SledStorage {
         Ok(())
     }
 
-    /// The history records a write of `meta` adds: its newest change, unless stored already
-    /// (a write that changed no epoch), and, every [`HISTORY_TRIM_STEP`] changes, the removal
-    /// of the records that fell out of the window. Returns the newest change's number when
-    /// it is written (for [`SledStorage::stored_history`], once the write succeeded).
+    /// The history record a write of `meta` adds: its newest change, unless stored already
+    /// (a write that changed no epoch), in the ring slot of the change that just fell out of
+    /// the window (an overwrite: sled inserts a new key, and removes an old one, at several
+    /// times an overwrite's cost, node splits and merges included). Returns the newest
+    /// change's number when it is written (for [`SledStorage::stored_history`], once the
+    /// write succeeded).
     fn history_ops(
         &self,
         meta: &TxnMetadata,
@@ -259,12 +256,6 @@ impl SledStorage {
             history_key(id, last.seq),
             Some(serde_json::to_vec(&**last)?),
         ));
-        let fell_out = last.seq.saturating_sub(MAX_EPOCH_HISTORY as u64);
-        if fell_out > 0 && fell_out % HISTORY_TRIM_STEP == 0 {
-            for seq in fell_out + 1 - HISTORY_TRIM_STEP..=fell_out {
-                ops.push((history_key(id, seq), None));
-            }
-        }
         Ok(Some(last.seq))
     }
 
@@ -351,9 +342,10 @@ fn history_prefix(transactional_id: &str) -> Vec<u8> {
     group_prefix(transactional_id)
 }
 
+/// The key of the ring slot that holds change `seq` of `transactional_id`.
 fn history_key(transactional_id: &str, seq: u64) -> Vec<u8> {
     let mut key = history_prefix(transactional_id);
-    key.extend_from_slice(&seq.to_be_bytes());
+    key.extend_from_slice(&(seq % MAX_EPOCH_HISTORY as u64).to_be_bytes());
     key
 }
 
@@ -408,7 +400,9 @@ impl Storage for SledStorage {
             key: String::from_utf8_lossy(key).into_owned(),
             reason,
         };
-        let mut histories: HashMap<String, Vec<Arc<EpochChange>>> = HashMap::new();
+        // Per id, its records with their keys (slot keys, or `seq` keys from before the ring).
+        type Records = Vec<(sled::IVec, Arc<EpochChange>)>;
+        let mut histories: HashMap<String, Records> = HashMap::new();
         for entry in self.history.iter() {
             let (key, value) = entry?;
             let id = history_key_id(&key).ok_or_else(|| corrupt(&key, "bad key".into()))?;
@@ -417,7 +411,7 @@ impl Storage for SledStorage {
             histories
                 .entry(id.to_string())
                 .or_default()
-                .push(Arc::new(change));
+                .push((key, Arc::new(change)));
         }
         let mut txns = Vec::new();
         let mut stored = lock(&self.stored_history);
@@ -429,14 +423,36 @@ impl Storage for SledStorage {
             let mut meta: TxnMetadata =
                 serde_json::from_slice(&value).map_err(|e| corrupt(&key, e.to_string()))?;
             match histories.remove(&meta.transactional_id) {
-                Some(mut history) => {
-                    // Keys sort by sequence number: the newest last. Records beyond the
-                    // window (a trim not done yet) go, from disk too.
-                    let excess = history.len().saturating_sub(MAX_EPOCH_HISTORY);
-                    for change in history.drain(..excess) {
-                        migrated.remove(history_key(&meta.transactional_id, change.seq));
-                        migrating = true;
+                Some(mut records) => {
+                    // Newest first, by the number each record carries (a ring's keys do not
+                    // sort by it). The newest MAX_EPOCH_HISTORY stay, one per slot, each in its
+                    // slot; a record beyond the window or under another key (written before
+                    // the ring) goes, from disk too. A batch applies its last operation per
+                    // key, so the removals go in before the moves into slots.
+                    records.sort_by_key(|(_, change)| std::cmp::Reverse(change.seq));
+                    let id = &meta.transactional_id;
+                    let mut kept: BTreeMap<Vec<u8>, Arc<EpochChange>> = BTreeMap::new();
+                    let mut moves = Vec::new();
+                    for (key, change) in records {
+                        let slot = history_key(id, change.seq);
+                        let keep = kept.len() < MAX_EPOCH_HISTORY && !kept.contains_key(&slot);
+                        let in_slot = key.as_ref() == slot.as_slice();
+                        if !keep || !in_slot {
+                            migrated.remove(key);
+                            migrating = true;
+                        }
+                        if keep {
+                            if !in_slot {
+                                moves.push((slot.clone(), serde_json::to_vec(&*change)?));
+                            }
+                            kept.insert(slot, change);
+                        }
                     }
+                    for (slot, value) in moves {
+                        migrated.insert(slot, value);
+                    }
+                    let mut history: Vec<_> = kept.into_values().collect();
+                    history.sort_by_key(|change| change.seq);
                     meta.history = Arc::new(history);
                 }
                 None if !meta.history.is_empty() => {
@@ -1061,8 +1077,8 @@ mod tests {
     #[test]
     fn the_history_is_kept_per_change_and_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        // One trim step done (the 16 oldest records removed together) and 5 records past it.
-        let n = (MAX_EPOCH_HISTORY as u64 + HISTORY_TRIM_STEP) as i64 + 5;
+        // The ring went round once and 21 slots further.
+        let n = MAX_EPOCH_HISTORY as i64 + 21;
         let (a, b) = {
             let store = SledStorage::open(dir.path()).unwrap();
             let a = changes(&store, "a", n);
@@ -1071,22 +1087,85 @@ mod tests {
             // The value itself does not carry the history.
             let value = store.txns.get("a").unwrap().unwrap();
             assert!(!String::from_utf8_lossy(&value).contains("127.0.0.1"));
+            // Never more records on disk than the window: each change overwrote the slot
+            // of the one that fell out.
+            assert_eq!(store.history.len(), MAX_EPOCH_HISTORY + 3);
             (a, b)
         };
         let store = SledStorage::open(dir.path()).unwrap();
-        // "a" keeps its window plus the 5 changes since the last trim; "ab" its 3.
-        assert_eq!(store.history.len(), MAX_EPOCH_HISTORY + 5 + 3);
         let snap = store.load().unwrap();
         assert_eq!(snap.txns, vec![a.clone(), b]);
-        // Loading removed the 5 beyond the window from disk too.
         assert_eq!(store.history.len(), MAX_EPOCH_HISTORY + 3);
         assert_eq!(a.history.len(), MAX_EPOCH_HISTORY);
         assert_eq!(a.history[0].epoch, (n - MAX_EPOCH_HISTORY as i64) as i16);
         assert_eq!(a.history.last().unwrap().seq, n as u64);
+        // Loaded in order of the changes, not of the slots.
+        assert!(a.history.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
         // The memory engine keeps the same.
         let memory = MemoryStorage::new();
         assert_eq!(changes(&memory, "a", n), a);
         assert_eq!(memory.load().unwrap().txns, vec![a]);
+    }
+
+    /// Records keyed by their number (as stored before the ring), a window and a half of
+    /// them, move into their slots at load; what is beyond the window goes, and later
+    /// writes go round the ring from there.
+    #[test]
+    fn a_history_keyed_by_change_number_moves_into_the_ring() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = MAX_EPOCH_HISTORY as u64 + MAX_EPOCH_HISTORY as u64 / 2;
+        let mut meta = TxnMetadata::new("old", 7, 1000, 0);
+        for at in 0..n {
+            meta.producer_epoch = at as i16;
+            meta.record_epoch_change("end_txn", "127.0.0.1:1", at as i64);
+        }
+        assert_eq!(meta.history.last().unwrap().seq, n);
+        {
+            let store = SledStorage::open(dir.path()).unwrap();
+            store
+                .txns
+                .insert("old", serde_json::to_vec(&meta).unwrap())
+                .unwrap();
+            // A full window of records plus 5 older ones a trim had not removed yet.
+            for seq in n - MAX_EPOCH_HISTORY as u64 - 4..=n {
+                let mut key = history_prefix("old");
+                key.extend_from_slice(&seq.to_be_bytes());
+                let change = EpochChange {
+                    seq,
+                    epoch: (seq - 1) as i16,
+                    ..(*meta.history[0]).clone()
+                };
+                store
+                    .history
+                    .insert(key, serde_json::to_vec(&change).unwrap())
+                    .unwrap();
+            }
+        }
+        let store = SledStorage::open(dir.path()).unwrap();
+        let loaded = store.load().unwrap().txns.remove(0);
+        let seqs: Vec<u64> = loaded.history.iter().map(|c| c.seq).collect();
+        let expected: Vec<u64> = (n + 1 - MAX_EPOCH_HISTORY as u64..=n).collect();
+        assert_eq!(seqs, expected);
+        assert!(loaded.history.iter().all(|c| c.epoch as u64 == c.seq - 1));
+        assert_eq!(store.history.len(), MAX_EPOCH_HISTORY);
+        for change in loaded.history.iter() {
+            let stored = store
+                .history
+                .get(history_key("old", change.seq))
+                .unwrap()
+                .unwrap();
+            let stored: EpochChange = serde_json::from_slice(&stored).unwrap();
+            assert_eq!(stored.seq, change.seq);
+        }
+        // The next change overwrites the slot of the oldest; a reload sees the same.
+        let mut meta = loaded;
+        meta.producer_epoch += 1;
+        meta.record_epoch_change("end_txn", "127.0.0.1:1", 0);
+        store.put_txn(&meta).unwrap();
+        assert_eq!(store.history.len(), MAX_EPOCH_HISTORY);
+        drop(store);
+        let store = SledStorage::open(dir.path()).unwrap();
+        assert_eq!(store.load().unwrap().txns, vec![meta]);
     }
 
     /// An expired id's removal takes its metadata and its history records, and only its

@@ -111,6 +111,9 @@ struct Inner {
     /// write goes inline only while the flushes are fast and carry one write each (no load).
     last_flush_us: AtomicU64,
     last_flush_writes: AtomicU64,
+    /// How many times the writer thread was woken (each one a system call and a context
+    /// switch): only when it has something to do.
+    wakeups: AtomicU64,
 }
 
 impl Inner {
@@ -170,12 +173,15 @@ impl Inner {
         Ok(())
     }
 
-    /// Marks the current write finished and lets the writer at what queued meanwhile.
+    /// Marks the current write finished and lets the writer at what queued meanwhile. The
+    /// writer is woken only when it has something to do (writes queued meanwhile, or a
+    /// close to finish): after a lone inline write with nothing queued, waking it would cost
+    /// a system call and a context switch for nothing.
     fn finish_writing(&self) {
         let wake = {
             let mut queue = lock(&self.queue);
             queue.writing = false;
-            queue.writer_waits
+            queue.writer_waits && (!queue.pending.is_empty() || queue.closed)
         };
         if wake {
             self.wake.notify_all();
@@ -236,6 +242,7 @@ impl GroupCommit {
             failed,
             last_flush_us: AtomicU64::new(0),
             last_flush_writes: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
         });
         let writer = std::thread::Builder::new()
             .name("txn-group-commit".into())
@@ -330,7 +337,9 @@ impl GroupCommit {
                 return Err(stopping());
             }
             queue.pending.push_back(Pending { write, done });
-            queue.writer_waits
+            // While a write is in progress the writer could not start anyway; the end of
+            // that write wakes it (`finish_writing`).
+            queue.writer_waits && !queue.writing
         };
         if wake {
             self.inner.wake.notify_all();
@@ -369,6 +378,7 @@ fn write_batches(inner: &Inner) {
                     .wait(queue)
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 queue.writer_waits = false;
+                inner.wakeups.fetch_add(1, Ordering::Relaxed);
             }
             queue.writing = true;
             let take = queue.pending.len().min(MAX_BATCH);
@@ -675,16 +685,31 @@ mod tests {
         queued.await.unwrap().unwrap();
         // The last flush carried several writes: the next goes through the writer too ...
         commit.put_txn(meta("e")).await.unwrap();
-        // ... and once a flush carried one write, a lone write is flushed by its request.
+        // ... and once a flush carried one write, a lone write is flushed by its request,
+        // without waking the writer thread (nothing for it to do).
         commit.put_txn(meta("f")).await.unwrap();
-        commit.put_txn(meta("g")).await.unwrap();
+        while !lock(&commit.inner.queue).writer_waits {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let wakeups = commit.inner.wakeups.load(Ordering::Relaxed);
+        for id in ["g", "h", "i"] {
+            commit.put_txn(meta(id)).await.unwrap();
+        }
+        // A wake-up would show within this (the writer thread only has to return from its
+        // wait); none comes.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(commit.inner.wakeups.load(Ordering::Relaxed), wakeups);
+        assert!(lock(&commit.inner.queue).writer_waits);
         commit.close();
         GroupCommit::join(writer).await.unwrap();
         let batches = lock(&storage.batches).clone();
         let by_writer = lock(&storage.by_writer).clone();
-        assert_eq!(batches, vec![1, 3, 1, 1, 1]);
-        assert_eq!(by_writer, vec![true, true, true, false, false]);
-        assert_eq!(storage.load().unwrap().txns.len(), 7);
+        assert_eq!(batches, vec![1, 3, 1, 1, 1, 1, 1]);
+        assert_eq!(
+            by_writer,
+            vec![true, true, true, false, false, false, false]
+        );
+        assert_eq!(storage.load().unwrap().txns.len(), 9);
     }
 
     #[tokio::test]
