@@ -7,7 +7,9 @@
 //! followed by `-- --iterations N --seconds S --concurrency C --rounds R`.
 //!
 //! Reported: p50/p99 latency with one client (sequential requests; the sled, no-op and
-//! InitProducerId samples interleaved, one of each in turn), and throughput with C
+//! InitProducerId samples interleaved, one of each in turn; the client runs on a thread and a
+//! runtime of its own, as a client on another machine would, so that it never waits for an
+//! async worker that the coordinator holds in a flush), and throughput with C
 //! (default 64) concurrent transactional ids for S seconds, plus ratios to the baselines. The
 //! no-op gRPC baseline and the Init/Add/End cycle run in R (default 3) alternating slices of
 //! S/R seconds each, so that both see the same share of a machine busy with other work; the
@@ -32,7 +34,8 @@
 //! AddPartitionsToTxn v3 and EndTxn v3, transaction version 1), one connection per id, in the
 //! same alternating slices, as context for the gRPC figures.
 //!
-//! CAVEATS: one machine, client and server share the cores; sled's flush cost depends heavily on
+//! CAVEATS: one machine, client and server share the cores (and, for the throughput figures,
+//! the async runtime); sled's flush cost depends heavily on
 //! the disk (tmpfs vs. a real fsync), so read the ratios more than the absolute numbers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -403,6 +406,123 @@ where
     }
 }
 
+/// The latency figures, each a p50 and p99 (see [`latencies`]).
+struct Latencies {
+    sled_lat: Latency,
+    rpc_lat: Latency,
+    init_lat: Latency,
+    hot_rpc_lat: Latency,
+    cycle_lat: Latency,
+}
+
+/// Measures the latency figures with one client over its own connection to `endpoint`, one
+/// request at a time, and prints them.
+async fn latencies(
+    endpoint: &str,
+    iterations: usize,
+    db: &sled::Db,
+    tree: &sled::Tree,
+    probe: &std::path::Path,
+) -> anyhow::Result<Latencies> {
+    // The three latencies of the target (bare sled insert + flush, a no-op gRPC round trip,
+    // InitProducerId on an existing id, i.e. an epoch bump: one durable write) are sampled
+    // INTERLEAVED, one of each per iteration in a rotating order, so that a machine whose load
+    // changes from second to second weighs on all three alike.
+    let value = vec![7u8; 200];
+    let channel = Channel::from_shared(endpoint.to_string())?
+        .connect()
+        .await?;
+    let mut coord = Coord::new(channel.clone());
+    let mut cluster = ClusterClient::new(channel);
+    let retries = AtomicU64::new(0);
+    // Every write changes the value: sled skips writing a value identical to the stored one.
+    let fresh_value = |i: u64| {
+        let mut v = value.clone();
+        v[..8].copy_from_slice(&i.to_be_bytes());
+        v
+    };
+    init(&mut coord, "bench-init", &retries).await;
+    let mut sled_samples = Vec::with_capacity(iterations);
+    let mut rpc_samples = Vec::with_capacity(iterations);
+    let mut init_samples = Vec::with_capacity(iterations);
+    for i in 0..iterations {
+        for k in 0..3 {
+            let t = Instant::now();
+            match (i + k) % 3 {
+                0 => {
+                    tree.insert(format!("key-{}", i % 64), fresh_value(i as u64))?;
+                    db.flush()?;
+                    sled_samples.push(t.elapsed());
+                }
+                1 => {
+                    cluster
+                        .find_coordinator(FindCoordinatorRequest {
+                            key: "bench".into(),
+                            key_type: 0,
+                        })
+                        .await?;
+                    rpc_samples.push(t.elapsed());
+                }
+                _ => {
+                    init(&mut coord, "bench-init", &retries).await;
+                    init_samples.push(t.elapsed());
+                }
+            }
+        }
+    }
+    let sled_lat = percentiles(sled_samples);
+    report("sled insert + flush (bare)", sled_lat);
+    let rpc_lat = percentiles(rpc_samples);
+    report("gRPC no-op (Cluster.FindCoordinator)", rpc_lat);
+    let init_lat = percentiles(init_samples);
+    report("InitProducerId (existing id: bump)", init_lat);
+
+    // For context: the no-op round trip back to back (threads kept hot, no disk wait between
+    // calls): cheaper than interleaved with disk writes, as InitProducerId's own call is.
+    let mut samples = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        cluster
+            .find_coordinator(FindCoordinatorRequest {
+                key: "bench".into(),
+                key_type: 0,
+            })
+            .await?;
+        samples.push(t.elapsed());
+    }
+    let hot_rpc_lat = percentiles(samples);
+    report("(context) gRPC no-op back to back", hot_rpc_lat);
+
+    // For context: what a real fsync costs on this disk (sled's flush uses sync_file_range).
+    let mut file = std::fs::File::create(probe)?;
+    let mut samples = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        std::io::Write::write_all(&mut file, &value)?;
+        file.sync_data()?;
+        samples.push(t.elapsed());
+    }
+    report("(context) file write + fdatasync", percentiles(samples));
+
+    // Full cycle: Init + AddPartitions + EndTxn(COMMIT).
+    let mut samples = Vec::with_capacity(iterations);
+    for i in 0..iterations {
+        let t = Instant::now();
+        cycle(&mut coord, "bench-cycle", (i % 4) as i32, &retries).await;
+        samples.push(t.elapsed());
+    }
+    let cycle_lat = percentiles(samples);
+    report("Init + AddPartitions + EndTxn cycle", cycle_lat);
+
+    Ok(Latencies {
+        sled_lat,
+        rpc_lat,
+        init_lat,
+        hot_rpc_lat,
+        cycle_lat,
+    })
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = args();
@@ -449,7 +569,6 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let mut coord = Coord::new(channel.clone());
-    let mut cluster = ClusterClient::new(channel.clone());
     let retries = Arc::new(AtomicU64::new(0));
     // Wait until loaded.
     loop {
@@ -472,91 +591,30 @@ async fn main() -> anyhow::Result<()> {
         dir.path().display()
     );
 
-    // The three latencies of the target (bare sled insert + flush, a no-op gRPC round trip,
-    // InitProducerId on an existing id, i.e. an epoch bump: one durable write) are sampled
-    // INTERLEAVED, one of each per iteration in a rotating order, so that a machine whose load
-    // changes from second to second weighs on all three alike.
     let db = sled::open(dir.path().join("bare-sled"))?;
     let tree = db.open_tree("bench")?;
     let value = vec![7u8; 200];
-    // Every write changes the value: sled skips writing a value identical to the stored one.
-    let fresh_value = |i: u64| {
-        let mut v = value.clone();
-        v[..8].copy_from_slice(&i.to_be_bytes());
-        v
+    // The latencies are measured by a client on a thread and runtime of its own, as a client
+    // on another machine would be: it never shares (or waits for) the coordinator's async
+    // workers, which an InitProducerId's flush holds for its duration.
+    let Latencies {
+        sled_lat,
+        rpc_lat,
+        init_lat,
+        hot_rpc_lat,
+        cycle_lat,
+    } = {
+        let (endpoint, iterations) = (endpoint.clone(), a.iterations);
+        let (db, tree, probe) = (db.clone(), tree.clone(), dir.path().join("fsync-probe"));
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(latencies(&endpoint, iterations, &db, &tree, &probe))
+        })
+        .join()
+        .expect("the latency client panicked")?
     };
-    init(&mut coord, "bench-init", &retries).await;
-    let mut sled_samples = Vec::with_capacity(a.iterations);
-    let mut rpc_samples = Vec::with_capacity(a.iterations);
-    let mut init_samples = Vec::with_capacity(a.iterations);
-    for i in 0..a.iterations {
-        for k in 0..3 {
-            let t = Instant::now();
-            match (i + k) % 3 {
-                0 => {
-                    tree.insert(format!("key-{}", i % 64), fresh_value(i as u64))?;
-                    db.flush()?;
-                    sled_samples.push(t.elapsed());
-                }
-                1 => {
-                    cluster
-                        .find_coordinator(FindCoordinatorRequest {
-                            key: "bench".into(),
-                            key_type: 0,
-                        })
-                        .await?;
-                    rpc_samples.push(t.elapsed());
-                }
-                _ => {
-                    init(&mut coord, "bench-init", &retries).await;
-                    init_samples.push(t.elapsed());
-                }
-            }
-        }
-    }
-    let sled_lat = percentiles(sled_samples);
-    report("sled insert + flush (bare)", sled_lat);
-    let rpc_lat = percentiles(rpc_samples);
-    report("gRPC no-op (Cluster.FindCoordinator)", rpc_lat);
-    let init_lat = percentiles(init_samples);
-    report("InitProducerId (existing id: bump)", init_lat);
-
-    // For context: the no-op round trip back to back (threads kept hot, no disk wait between
-    // calls): cheaper than interleaved with disk writes, as InitProducerId's own call is.
-    let mut samples = Vec::with_capacity(a.iterations);
-    for _ in 0..a.iterations {
-        let t = Instant::now();
-        cluster
-            .find_coordinator(FindCoordinatorRequest {
-                key: "bench".into(),
-                key_type: 0,
-            })
-            .await?;
-        samples.push(t.elapsed());
-    }
-    let hot_rpc_lat = percentiles(samples);
-    report("(context) gRPC no-op back to back", hot_rpc_lat);
-
-    // For context: what a real fsync costs on this disk (sled's flush uses sync_file_range).
-    let mut file = std::fs::File::create(dir.path().join("fsync-probe"))?;
-    let mut samples = Vec::with_capacity(a.iterations);
-    for _ in 0..a.iterations {
-        let t = Instant::now();
-        std::io::Write::write_all(&mut file, &value)?;
-        file.sync_data()?;
-        samples.push(t.elapsed());
-    }
-    report("(context) file write + fdatasync", percentiles(samples));
-
-    // Full cycle: Init + AddPartitions + EndTxn(COMMIT).
-    let mut samples = Vec::with_capacity(a.iterations);
-    for i in 0..a.iterations {
-        let t = Instant::now();
-        cycle(&mut coord, "bench-cycle", (i % 4) as i32, &retries).await;
-        samples.push(t.elapsed());
-    }
-    let cycle_lat = percentiles(samples);
-    report("Init + AddPartitions + EndTxn cycle", cycle_lat);
 
     println!();
     // Throughput with `concurrency` ids; a few channels so HTTP/2 is not the bottleneck.
