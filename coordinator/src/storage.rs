@@ -235,10 +235,9 @@ impl SledStorage {
 
     /// The history record a write of `meta` adds: its newest change, unless stored already
     /// (a write that changed no epoch), in the ring slot of the change that just fell out of
-    /// the window (an overwrite: sled inserts a new key, and removes an old one, at several
-    /// times an overwrite's cost, node splits and merges included). Returns the newest
-    /// change's number when it is written (for [`SledStorage::stored_history`], once the
-    /// write succeeded).
+    /// the window. One overwrite: a new key plus the removal of an old one cost sled several
+    /// times as much (node splits and merges). Returns the newest change's number when it is
+    /// written (for [`SledStorage::stored_history`], once the write succeeded).
     fn history_ops(
         &self,
         meta: &TxnMetadata,
