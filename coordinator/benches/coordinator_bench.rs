@@ -19,7 +19,9 @@
 //! Markers need a partition leader: the bench serves a minimal in-process gRPC `PartitionLeader`
 //! stub that acknowledges every marker at once, alone or in a WriteTxnMarkersBatch (no log, no
 //! disk; TCP_NODELAY like the real leader), so the cycle measures the
-//! coordinator's own cost (3 durable writes + the Complete* write) plus one marker round trip.
+//! coordinator's own cost (3 durable writes + the Complete* write) plus one marker round trip
+//! (shared: the stub counts how many transactions each marker request carried, printed as
+//! context).
 //! A cycle's InitProducerId that lands before the previous EndTxn's markers completed waits in
 //! the coordinator for them (up to `max_prepare_wait`); one that still gets
 //! CONCURRENT_TRANSACTIONS is retried at once. Retries are counted and reported per cycle.
@@ -52,8 +54,26 @@ use proto::*;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-/// Acknowledges every marker immediately.
+/// Acknowledges every marker immediately; counts the requests and the transactions in them.
 struct AckingLeader;
+
+/// WriteTxnMarkers(Batch) requests the leader stub received, and the transactions they carried.
+static MARKER_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static MARKER_TXNS: AtomicU64 = AtomicU64::new(0);
+
+/// Every partition of one transaction's markers acknowledged.
+fn ack(request: WriteTxnMarkersRequest) -> WriteTxnMarkersResponse {
+    let results = request
+        .partitions
+        .into_iter()
+        .map(|tp| MarkerPartitionResult {
+            partition: Some(tp),
+            error_code: ErrorCode::None as i32,
+            error_message: String::new(),
+        })
+        .collect();
+    WriteTxnMarkersResponse { results }
+}
 
 #[tonic::async_trait]
 impl PartitionLeader for AckingLeader {
@@ -76,26 +96,19 @@ impl PartitionLeader for AckingLeader {
         &self,
         request: Request<WriteTxnMarkersRequest>,
     ) -> Result<Response<WriteTxnMarkersResponse>, Status> {
-        let results = request
-            .into_inner()
-            .partitions
-            .into_iter()
-            .map(|tp| MarkerPartitionResult {
-                partition: Some(tp),
-                error_code: ErrorCode::None as i32,
-                error_message: String::new(),
-            })
-            .collect();
-        Ok(Response::new(WriteTxnMarkersResponse { results }))
+        MARKER_REQUESTS.fetch_add(1, Ordering::Relaxed);
+        MARKER_TXNS.fetch_add(1, Ordering::Relaxed);
+        Ok(Response::new(ack(request.into_inner())))
     }
+
     async fn write_txn_markers_batch(
         &self,
         request: Request<WriteTxnMarkersBatchRequest>,
     ) -> Result<Response<WriteTxnMarkersBatchResponse>, Status> {
-        let mut responses = Vec::new();
-        for m in request.into_inner().markers {
-            responses.push(self.write_txn_markers(Request::new(m)).await?.into_inner());
-        }
+        let markers = request.into_inner().markers;
+        MARKER_REQUESTS.fetch_add(1, Ordering::Relaxed);
+        MARKER_TXNS.fetch_add(markers.len() as u64, Ordering::Relaxed);
+        let responses = markers.into_iter().map(ack).collect();
         Ok(Response::new(WriteTxnMarkersBatchResponse { responses }))
     }
 
@@ -667,6 +680,7 @@ async fn main() -> anyhow::Result<()> {
     // The no-op baseline and the cycle run in alternating slices (`rounds` of each), so both
     // see the same share of a machine that other work keeps busy.
     let before_retries = retries.load(Ordering::Relaxed);
+    let (mut marker_requests, mut marker_txns) = (0u64, 0u64);
     let slice = Duration::from_secs(a.seconds) / a.rounds;
     let (mut rpc, mut cycles) = (Tally::empty(), Tally::empty());
     // The same over Kafka's protocol: one connection per id.
@@ -697,6 +711,10 @@ async fn main() -> anyhow::Result<()> {
         );
         let ch = channels.clone();
         let r = retries.clone();
+        let markers_before = (
+            MARKER_REQUESTS.load(Ordering::Relaxed),
+            MARKER_TXNS.load(Ordering::Relaxed),
+        );
         cycles.add(
             throughput(a.concurrency, slice, move |task, i| {
                 let mut c = Coord::new(ch[task % ch.len()].clone());
@@ -707,6 +725,9 @@ async fn main() -> anyhow::Result<()> {
             })
             .await,
         );
+        // Markers of the slice's last cycles may still be in flight: a few at most.
+        marker_requests += MARKER_REQUESTS.load(Ordering::Relaxed) - markers_before.0;
+        marker_txns += MARKER_TXNS.load(Ordering::Relaxed) - markers_before.1;
         let c = conns.clone();
         kafka_rpc.add(
             throughput(a.concurrency, slice, move |task, _| {
@@ -755,6 +776,12 @@ async fn main() -> anyhow::Result<()> {
         format!("Init+Add+End cycle, {} ids", a.concurrency),
         cycle_tput,
         cycle_retries
+    );
+    println!(
+        "{:<44} {:>10.2} transactions per request ({} requests)",
+        "  (context) markers to the leader stub",
+        marker_txns as f64 / marker_requests.max(1) as f64,
+        marker_requests
     );
 
     let (kafka_rpc_tput, kafka_cycle_tput) = (kafka_rpc.per_second(), kafka_cycles.per_second());
