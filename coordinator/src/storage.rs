@@ -30,7 +30,9 @@
 //!   by `seq` come from before the ring: [`Storage::load`] moves both into the ring once).
 //!
 //! [`Storage::put_txns`] writes several ids' metadata with one flush: the service's group
-//! commit (`service/commit.rs`) gathers the transitions of concurrent requests into it.
+//! commit (`service/commit.rs`) gathers the transitions of concurrent requests into it. An id
+//! that comes twice in one lot (a queued Complete* and the id's next transition: about one
+//! write in four at 64 busy ids) is written once, with its last value.
 //!
 //! Why a trait: the service is written against [`Storage`]; [`SledStorage`] is the real engine,
 //! [`MemoryStorage`] the one for tests that do not need a disk. Every write method returns only
@@ -241,14 +243,14 @@ impl SledStorage {
     fn history_ops(
         &self,
         meta: &TxnMetadata,
-        stored: &HashMap<String, u64>,
+        stored: impl Fn(&str) -> Option<u64>,
         ops: &mut Vec<TreeOp>,
     ) -> Result<Option<u64>, StorageError> {
         let Some(last) = meta.history.last().filter(|c| c.seq > 0) else {
             return Ok(None);
         };
         let id = meta.transactional_id.as_str();
-        if stored.get(id).is_some_and(|s| *s >= last.seq) {
+        if stored(id).is_some_and(|s| s >= last.seq) {
             return Ok(None);
         }
         ops.push((
@@ -502,15 +504,31 @@ impl Storage for SledStorage {
     }
 
     fn write_txns(&self, metas: &[TxnMetadata]) -> Result<(), StorageError> {
+        // An id written twice in one lot (a queued Complete* and the next transition of the
+        // same id, which the group commit often gathers into one flush) needs only its last
+        // value: nothing in the lot is acknowledged before the flush that covers all of it.
+        // Every value's history record is still written.
+        let mut last_write: HashMap<&str, usize> = HashMap::new();
+        if metas.len() > 1 {
+            for (i, meta) in metas.iter().enumerate() {
+                last_write.insert(meta.transactional_id.as_str(), i);
+            }
+        }
+        let superseded = |i: usize, id: &str| last_write.get(id).is_some_and(|last| *last != i);
         let mut txns = Vec::with_capacity(metas.len());
         let mut history = Vec::new();
-        let mut written = Vec::new();
+        // The records this lot writes (the same change again later in the lot is not written
+        // twice); `stored_history` learns them once they are written.
+        let mut written: HashMap<&str, u64> = HashMap::new();
         let mut stored = lock(&self.stored_history);
-        for meta in metas {
-            let value = serde_json::to_vec(meta)?;
-            txns.push((meta.transactional_id.as_bytes().to_vec(), Some(value)));
-            if let Some(seq) = self.history_ops(meta, &stored, &mut history)? {
-                written.push((meta.transactional_id.as_str(), seq));
+        for (i, meta) in metas.iter().enumerate() {
+            let id = meta.transactional_id.as_str();
+            let known = |id: &str| written.get(id).or_else(|| stored.get(id)).copied();
+            if let Some(seq) = self.history_ops(meta, known, &mut history)? {
+                written.insert(id, seq);
+            }
+            if !superseded(i, id) {
+                txns.push((id.as_bytes().to_vec(), Some(serde_json::to_vec(meta)?)));
             }
         }
         // The history records go first, so the metadata is never ahead of its history. One
@@ -1104,6 +1122,37 @@ mod tests {
         let memory = MemoryStorage::new();
         assert_eq!(changes(&memory, "a", n), a);
         assert_eq!(memory.load().unwrap().txns, vec![a]);
+    }
+
+    /// An id written twice in one lot (a queued Complete* and the next transition) is stored
+    /// once, with its last value; each value's new epoch change still gets its record.
+    #[test]
+    fn an_id_written_twice_in_one_lot_is_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = TxnMetadata::new("a", 7, 1000, 0);
+        first.record_epoch_change("end_txn", "127.0.0.1:1", 1);
+        let other = TxnMetadata::new("b", 8, 1000, 0);
+        let mut last = first.clone();
+        last.producer_epoch = 1;
+        last.record_epoch_change("end_txn", "127.0.0.1:1", 2);
+        {
+            let store = SledStorage::open(dir.path()).unwrap();
+            let mut events = store.txns.watch_prefix("a");
+            store
+                .put_txns(&[first, other.clone(), last.clone()])
+                .unwrap();
+            let mut inserts = Vec::new();
+            while let Ok(event) = events.next_timeout(std::time::Duration::from_millis(200)) {
+                if let sled::Event::Insert { value, .. } = event {
+                    inserts.push(serde_json::from_slice::<TxnMetadata>(&value).unwrap());
+                }
+            }
+            assert_eq!(inserts.len(), 1, "{inserts:?}");
+            assert_eq!(inserts[0].producer_epoch, 1);
+            assert_eq!(store.history.len(), 2);
+        }
+        let store = SledStorage::open(dir.path()).unwrap();
+        assert_eq!(store.load().unwrap().txns, vec![last, other]);
     }
 
     /// Records keyed by their number (as stored before the ring), a window and a half of
