@@ -823,7 +823,7 @@ impl KafkaCoordinator {
         let require_stable = version >= 7 && r.require_stable;
         let mut response = OffsetFetchResponse::default();
         match self.service.offset_fetch(grpc).await {
-            Ok(offsets) => {
+            Ok((offsets, pending)) => {
                 for o in offsets {
                     let mut p = OffsetFetchResponsePartition::default();
                     p.partition_index = o.partition;
@@ -831,10 +831,9 @@ impl KafkaCoordinator {
                     p.committed_leader_epoch = -1;
                     p.metadata = Some(str_bytes(""));
                     if require_stable
-                        && self.service.txn_offset_pending(
-                            &group_id,
-                            &cluster::TopicPartition::new(&o.topic, o.partition),
-                        )
+                        && pending
+                            .iter()
+                            .any(|tp| tp.topic == o.topic && tp.partition == o.partition)
                     {
                         tracing::debug!(group = %group_id, topic = %o.topic, partition = o.partition,
                                         "offset fetch: a transaction's offset is pending");

@@ -27,6 +27,14 @@ struct TestStorage {
     removal_started: AtomicBool,
     /// Removals fail (after `removal_started` is set).
     fail_removals: AtomicBool,
+    /// While set, a read of a group's committed offsets reads them and then waits in the
+    /// storage (before returning what it read).
+    hold_offset_reads: Mutex<bool>,
+    offset_reads_released: Condvar,
+    /// An offset read reached the storage.
+    offset_read_started: AtomicBool,
+    /// A group marker's offsets were written.
+    group_marker_applied: AtomicBool,
 }
 
 impl TestStorage {
@@ -86,7 +94,9 @@ impl Storage for TestStorage {
     }
     fn apply_group_marker(&self, write: &GroupMarkerWrite) -> Result<(), StorageError> {
         self.check()?;
-        self.inner.apply_group_marker(write)
+        self.inner.apply_group_marker(write)?;
+        self.group_marker_applied.store(true, Ordering::SeqCst);
+        Ok(())
     }
     fn put_pending_txn_offsets(
         &self,
@@ -118,7 +128,15 @@ impl Storage for TestStorage {
         self.inner.commit_group_offsets(group, offsets)
     }
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
-        self.inner.group_offsets(group)
+        let offsets = self.inner.group_offsets(group);
+        let mut held = self.hold_offset_reads.lock().unwrap();
+        if *held {
+            self.offset_read_started.store(true, Ordering::SeqCst);
+        }
+        while *held {
+            held = self.offset_reads_released.wait(held).unwrap();
+        }
+        offsets
     }
     fn flush(&self) -> Result<(), StorageError> {
         Ok(())
@@ -161,6 +179,7 @@ async fn serve_on_with(
         config,
         storage,
         listener,
+        None,
         async move {
             let _ = rx.await;
         },
@@ -384,6 +403,7 @@ async fn health_is_not_serving_until_loaded_and_reflection_lists_the_services() 
         config,
         storage.clone(),
         listener,
+        None,
         async move {
             let _ = stopped.await;
         },
@@ -555,6 +575,103 @@ async fn a_removal_the_storage_refuses_leaves_the_expired_id_as_it_was() {
     let (client, stop, task) = serve_on(&cluster, storage.clone()).await;
     let next = Txn::new(client, "txn-kept").init().await;
     assert_eq!(next, (pid, epoch + 1));
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// KIP-447 through the Kafka face: a stable OffsetFetch reads the committed offsets and the
+/// pending state as one snapshot. Here its read of the offsets (still without the
+/// transaction's) is held in the storage while the transaction commits: the group marker has
+/// to wait for the fetch, which then answers UNSTABLE_OFFSET_COMMIT, never the old offset as
+/// stable (a read_committed consumer would process that input again).
+#[tokio::test]
+async fn a_stable_offset_fetch_never_answers_an_offset_from_before_a_marker_as_stable() {
+    use testkit::kafka::{offset_fetch_v7, OffsetTxn};
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let kafka = kafka_listener.local_addr().unwrap();
+    let grpc_addr = listener.local_addr().unwrap();
+    let topology = cluster::Topology::parse(&format!(
+        "transaction_state_partitions = 4\n\
+         [[coordinators]]\nid = 1\naddress = \"{}\"\n\
+         [[leaders]]\nid = 101\naddress = \"127.0.0.1:1\"\n\
+         [[topics]]\nname = \"input\"\nleaders = [101]\n",
+        listener.local_addr().unwrap()
+    ))
+    .unwrap();
+    let mut config = coordinator::CoordinatorConfig::new(1, "/nonexistent", Arc::new(topology));
+    config.cluster_secret = Some(testkit::auth::secret());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(coordinator::serve_with_storage(
+        config,
+        storage.clone(),
+        listener,
+        Some(kafka_listener),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let (txn, group) = ("stale-offset-txn", "stale-offset-group");
+    let grpc = format!("http://{grpc_addr}");
+    eventually("loaded", || {
+        let grpc = grpc.clone();
+        async move {
+            let mut c =
+                proto::transaction_coordinator_client::TransactionCoordinatorClient::connect(grpc)
+                    .await
+                    .ok()?;
+            let r = c
+                .list_transactions(proto::ListTransactionsRequest::default())
+                .await
+                .ok()?;
+            (r.into_inner().error_code == 0).then_some(())
+        }
+    })
+    .await;
+    let t = OffsetTxn::init(kafka, kafka, txn, group).await;
+    t.add_offsets().await;
+    assert_eq!(t.commit_offset("", -1, 5).await, 0);
+
+    *storage.hold_offset_reads.lock().unwrap() = true;
+    let fetch = tokio::spawn(offset_fetch_v7(kafka, group, true));
+    eventually("the fetch read the offsets", || async {
+        storage
+            .offset_read_started
+            .load(Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    t.end(true).await;
+    // Time for the marker to be applied, were the fetch not in its way (it is applied within
+    // milliseconds otherwise).
+    for _ in 0..100 {
+        if storage.group_marker_applied.load(Ordering::SeqCst) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    *storage.hold_offset_reads.lock().unwrap() = false;
+    storage.offset_reads_released.notify_all();
+    let (code, answer) = fetch.await.unwrap();
+    assert_eq!(code, 0);
+    assert_eq!(
+        answer,
+        (
+            kafka_protocol::ResponseError::UnstableOffsetCommit.code(),
+            -1
+        ),
+        "an offset from before the marker was answered as stable"
+    );
+    // Then the marker lands and the new offset is stable.
+    let stable = eventually("the offset is stable", || async {
+        let (_, (code, offset)) = offset_fetch_v7(kafka, group, true).await;
+        (code == 0).then_some(offset)
+    })
+    .await;
+    assert_eq!(stable, 5);
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }

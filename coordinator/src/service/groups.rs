@@ -206,13 +206,6 @@ impl Shared {
         }
     }
 
-    /// Whether a transaction's offset for `tp` of `group` is not applied yet, recorded less
-    /// than [`Self::max_pending_age_ms`] ago (see [`core::PendingTxnOffsets`]).
-    pub(super) fn txn_offset_pending(&self, group: &str, tp: &TopicPartition) -> bool {
-        let max_age = self.max_pending_age_ms();
-        lock(&self.pending_txn_offsets).is_pending(group, tp, cluster::node::now_ms(), max_age)
-    }
-
     /// How long a pending transactional offset counts: twice the maximum transaction timeout
     /// (no transaction lives longer; see [`core::PendingTxnOffsets`]).
     fn max_pending_age_ms(&self) -> i64 {
@@ -281,37 +274,59 @@ impl Shared {
         partitions: Vec<TopicPartition>,
         require_stable: bool,
     ) -> Result<Vec<proto::PartitionOffset>, Error> {
-        self.check_owner(&group)?;
+        let (offsets, pending) = self
+            .offset_fetch_with_pending(group.clone(), partitions)
+            .await?;
         if require_stable {
-            let unstable = if partitions.is_empty() {
-                let max_age = self.max_pending_age_ms();
-                lock(&self.pending_txn_offsets)
-                    .pending_partitions(&group, cluster::node::now_ms(), max_age)
-                    .into_iter()
-                    .next()
-            } else {
-                partitions
-                    .iter()
-                    .find(|tp| self.txn_offset_pending(&group, tp))
-                    .cloned()
-            };
-            if let Some(tp) = unstable {
+            if let Some(tp) = pending.into_iter().next() {
                 return Err(Error::UnstableOffsetCommit(format!(
                     "a transaction's offset for {tp} of group {group} is not applied yet; retry"
                 )));
             }
         }
-        let committed = self.blocking(move |st| st.group_offsets(&group)).await?;
+        Ok(offsets)
+    }
+
+    /// The committed offsets of `group` for `partitions` (-1 where none; all of them when
+    /// `partitions` is empty), and which of those partitions (all the group's pending ones,
+    /// when `partitions` is empty) have a transaction's offset not applied yet: one snapshot.
+    ///
+    /// Both are read under the group's lock, which a group marker holds from its write to the
+    /// end of its pending offsets: a fetch never reads the offsets from before a marker and
+    /// the pending state from after it (which would answer an old offset as stable: a
+    /// read_committed consumer would then process input again). The lock is held across the
+    /// storage read on purpose.
+    pub(super) async fn offset_fetch_with_pending(
+        &self,
+        group: String,
+        partitions: Vec<TopicPartition>,
+    ) -> Result<(Vec<proto::PartitionOffset>, Vec<TopicPartition>), Error> {
+        self.check_owner(&group)?;
+        let _guard = self.groups.lock(&group).await;
+        let max_age = self.max_pending_age_ms();
+        let pending: Vec<TopicPartition> = {
+            let all = lock(&self.pending_txn_offsets).pending_partitions(
+                &group,
+                cluster::node::now_ms(),
+                max_age,
+            );
+            all.into_iter()
+                .filter(|tp| partitions.is_empty() || partitions.contains(tp))
+                .collect()
+        };
+        let g = group.clone();
+        let committed = self.blocking(move |st| st.group_offsets(&g)).await?;
         if partitions.is_empty() {
-            return Ok(wire::offsets(&committed));
+            return Ok((wire::offsets(&committed), pending));
         }
-        Ok(partitions
+        let offsets = partitions
             .into_iter()
             .map(|tp| proto::PartitionOffset {
                 offset: committed.get(&tp).copied().unwrap_or(-1),
                 topic: tp.topic,
                 partition: tp.partition,
             })
-            .collect())
+            .collect();
+        Ok((offsets, pending))
     }
 }

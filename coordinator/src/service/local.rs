@@ -106,21 +106,17 @@ impl LocalService {
         self.shared.end_txn(caller, result).await
     }
 
-    /// OffsetFetch.
+    /// OffsetFetch, answered per partition as Kafka does: the committed offsets, and which of
+    /// the partitions have a transaction's offset not applied yet (KIP-447's
+    /// UNSTABLE_OFFSET_COMMIT for a fetch that requires stable offsets), read as one snapshot.
     pub(crate) async fn offset_fetch(
         &self,
         request: proto::OffsetFetchRequest,
-    ) -> Result<Vec<proto::PartitionOffset>, Error> {
-        let (group, partitions, require_stable) = wire::offset_fetch(request)?;
+    ) -> Result<(Vec<proto::PartitionOffset>, Vec<cluster::TopicPartition>), Error> {
+        let (group, partitions, _) = wire::offset_fetch(request)?;
         self.shared
-            .offset_fetch(group, partitions, require_stable)
+            .offset_fetch_with_pending(group, partitions)
             .await
-    }
-
-    /// Whether a transaction's offset for `tp` of `group` is not applied yet (KIP-447's
-    /// UNSTABLE_OFFSET_COMMIT for an OffsetFetch that requires stable offsets).
-    pub(crate) fn txn_offset_pending(&self, group: &str, tp: &cluster::TopicPartition) -> bool {
-        self.shared.txn_offset_pending(group, tp)
     }
 
     /// Kafka's OffsetCommit outside a transaction (the membership check is the Kafka face's).

@@ -247,15 +247,16 @@ pub async fn serve_with_kafka(
     result
 }
 
-/// [`serve`] over any [`Storage`] (e.g. [`crate::storage::MemoryStorage`]); `config.data_dir` is
-/// ignored. Flushes the storage before returning.
+/// [`serve_with_kafka`] over any [`Storage`] (e.g. [`crate::storage::MemoryStorage`]);
+/// `config.data_dir` is ignored. Flushes the storage before returning.
 pub async fn serve_with_storage(
     config: CoordinatorConfig,
     storage: Arc<dyn Storage>,
     listener: tokio::net::TcpListener,
+    kafka_listener: Option<tokio::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    serve_inner(config, storage, listener, None, shutdown).await
+    serve_inner(config, storage, listener, kafka_listener, shutdown).await
 }
 
 async fn serve_inner(
