@@ -614,22 +614,7 @@ async fn a_stable_offset_fetch_never_answers_an_offset_from_before_a_marker_as_s
         },
     ));
     let (txn, group) = ("stale-offset-txn", "stale-offset-group");
-    let grpc = format!("http://{grpc_addr}");
-    eventually("loaded", || {
-        let grpc = grpc.clone();
-        async move {
-            let mut c =
-                proto::transaction_coordinator_client::TransactionCoordinatorClient::connect(grpc)
-                    .await
-                    .ok()?;
-            let r = c
-                .list_transactions(proto::ListTransactionsRequest::default())
-                .await
-                .ok()?;
-            (r.into_inner().error_code == 0).then_some(())
-        }
-    })
-    .await;
+    connect(&grpc_addr.to_string()).await;
     let t = OffsetTxn::init(kafka, kafka, txn, group).await;
     t.add_offsets().await;
     assert_eq!(t.commit_offset("", -1, 5).await, 0);
