@@ -1011,6 +1011,48 @@ mod tests {
         assert_eq!(s.load(&tp).unwrap(), full);
     }
 
+    /// A replayed tail is made durable before it is served, even when no cut is needed: an
+    /// append that ended exactly at the file's end and was never synced (the process died
+    /// before its fdatasync) would otherwise be served, and its retry acknowledged as a
+    /// duplicate, while only the page cache holds it.
+    #[test]
+    fn sled_a_replayed_tail_is_synced_before_it_is_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let tp = TopicPartition::new("t", 0);
+        let writes = sample_writes();
+        {
+            let s = SledStorage::open(dir.path()).unwrap();
+            // Appended, not flushed: no fdatasync ran, no checkpoint covers it.
+            s.append(&tp, &writes[0]).unwrap();
+        }
+        // The file ends where the frame does (no zeros grown ahead to cut).
+        let bytes = std::fs::read(log_file(dir.path())).unwrap();
+        let (frames, valid_end) = frame::valid_prefix(&bytes, 0, 0);
+        assert_eq!(frames.len(), 1);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(log_file(dir.path()))
+            .unwrap()
+            .set_len(valid_end)
+            .unwrap();
+        let s = SledStorage::open(dir.path()).unwrap();
+        assert_eq!(s.load(&tp).unwrap().high_watermark, 2, "replayed");
+        assert_eq!(s.opening_syncs.load(Ordering::SeqCst), 1, "and synced");
+        // Opening a log whose every frame is checkpointed syncs nothing.
+        s.flush().unwrap();
+        drop(s);
+        let bytes = std::fs::read(log_file(dir.path())).unwrap();
+        let s = SledStorage::open(dir.path()).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(log_file(dir.path()))
+            .unwrap()
+            .set_len(frame::valid_prefix(&bytes, 0, 0).1)
+            .unwrap();
+        s.load(&tp).unwrap();
+        assert_eq!(s.opening_syncs.load(Ordering::SeqCst), 0);
+    }
+
     /// After a failed fdatasync the engine refuses every append, load and flush (the service
     /// then takes the partition offline); what was durable before is intact after a restart.
     #[test]
