@@ -32,6 +32,8 @@
 //! CAVEATS: a null key or value is stored as empty and comes back empty; the batch
 //! boundaries, sequence numbers and timestamps type of what a client sent are not kept (Fetch
 //! rebuilds batches, with `CreateTime`); lz4 and zstd batches are UNSUPPORTED_COMPRESSION_TYPE.
+//! A gzip or snappy batch is inflated to at most twice the batch limit plus 1 MiB
+//! ([`crate::decompress`]); beyond that it is MESSAGE_TOO_LARGE, before the exact limits apply.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +61,7 @@ use proto::transaction_coordinator_client::TransactionCoordinatorClient;
 use tracing::debug;
 
 use crate::core::LogEntry;
+use crate::decompress::DecompressError;
 use crate::error::{Error, Result};
 use crate::service::{blocking, LeaderService, Partition, MAX_FETCH_BYTES, MAX_WAIT_CAP};
 
@@ -116,29 +119,37 @@ impl Handler for KafkaLeader {
 }
 
 /// One produced batch, decoded into the gRPC shape `produce_inner` takes.
+///
+/// Compressed records are inflated to at most `max_decompressed` bytes (MESSAGE_TOO_LARGE
+/// beyond), so a small request can never make the leader allocate more than that.
 fn decode_batch(
     topic: &str,
     partition: i32,
     transactional_id: Option<&str>,
     records: Option<Bytes>,
+    max_decompressed: usize,
 ) -> std::result::Result<proto::ProduceRequest, (i16, String)> {
     let invalid = |m: String| (ResponseError::InvalidRecord.code(), m);
     let mut bytes = records.ok_or_else(|| invalid("no records".into()))?;
-    let mut sets = RecordBatchDecoder::decode_all(&mut bytes).map_err(|e| {
-        let message = e.to_string();
-        if message.contains("not enabled") {
-            (ResponseError::UnsupportedCompressionType.code(), message)
-        } else {
-            (ResponseError::CorruptMessage.code(), message)
-        }
-    })?;
-    if sets.len() != 1 {
-        return Err(invalid(format!(
-            "{} record batches; a produce request carries exactly one per partition",
-            sets.len()
-        )));
+    let inflate = |records: &mut Bytes, compression| {
+        crate::decompress::decompress(records, compression, max_decompressed)
+            .map_err(anyhow::Error::from)
+    };
+    let set = RecordBatchDecoder::decode_with_custom_compression(&mut bytes, Some(inflate))
+        .map_err(|e| {
+            let code = match e.downcast_ref::<DecompressError>() {
+                Some(DecompressError::Unsupported(_)) => ResponseError::UnsupportedCompressionType,
+                Some(DecompressError::TooLarge(_)) => ResponseError::MessageTooLarge,
+                _ => ResponseError::CorruptMessage,
+            };
+            (code.code(), e.to_string())
+        })?;
+    if !bytes.is_empty() {
+        return Err(invalid(
+            "more than one record batch; a produce request carries exactly one per partition"
+                .into(),
+        ));
     }
-    let set = sets.pop().expect("one set");
     if set.version != 2 {
         return Err(invalid(format!(
             "record batch v{} (only v2 is accepted)",
@@ -200,7 +211,14 @@ impl KafkaLeader {
                             format!("acks={acks}; use -1, 1 or 0"),
                         ))
                     } else {
-                        match decode_batch(&name, index, transactional_id.as_deref(), records) {
+                        let decoded = decode_batch(
+                            &name,
+                            index,
+                            transactional_id.as_deref(),
+                            records,
+                            service.max_decoded_bytes(),
+                        );
+                        match decoded {
                             Err(e) => Err(e),
                             // One request at a time per connection (kafka-wire): a PID
                             // without state may resume at any sequence, as in Kafka.
@@ -768,6 +786,88 @@ mod tests {
         assert_eq!(records[3].value.as_deref(), Some(&[0u8, 0, 0, 0, 0, 3][..]));
     }
 
+    const LIMIT: usize = 1 << 20;
+
+    /// One batch of `records`, encoded as a client would.
+    fn encoded(records: &[KafkaRecord], compression: Compression) -> BytesMut {
+        let mut buf = BytesMut::new();
+        let options = RecordEncodeOptions {
+            version: 2,
+            compression,
+        };
+        RecordBatchEncoder::encode(&mut buf, records, &options).unwrap();
+        buf
+    }
+
+    /// Rewrites the batch's CRC-32C after a field was changed, as a forger would.
+    fn reseal(batch: &mut BytesMut) {
+        let crc = crc32c::crc32c(&batch[21..]);
+        batch[17..21].copy_from_slice(&crc.to_be_bytes());
+    }
+
+    fn records(n: i64) -> Vec<KafkaRecord> {
+        (0..n)
+            .map(|i| {
+                let mut r = kafka_record(i, &data(9, 2, false, &format!("k{i}")), i as i32);
+                r.offset = i;
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn forged_counts_and_deltas_are_corrupt_messages_not_aborts() {
+        // A record count of i32::MAX (or negative) with a valid CRC: the decoder must not
+        // reserve room for it (an allocation of hundreds of GB aborts the process).
+        for count in [i32::MAX, -1] {
+            let mut forged = encoded(&records(1), Compression::None);
+            forged[57..61].copy_from_slice(&count.to_be_bytes());
+            reseal(&mut forged);
+            let (code, message) =
+                decode_batch("t", 0, None, Some(forged.freeze()), LIMIT).unwrap_err();
+            assert_eq!(
+                code,
+                ResponseError::CorruptMessage.code(),
+                "{count}: {message}"
+            );
+        }
+        // A base timestamp of i64::MAX plus a record's delta of 1: an overflow, refused.
+        let mut late = records(2);
+        late[1].timestamp = late[0].timestamp + 1;
+        let mut forged = encoded(&late, Compression::None);
+        forged[27..35].copy_from_slice(&i64::MAX.to_be_bytes());
+        reseal(&mut forged);
+        let (code, message) = decode_batch("t", 0, None, Some(forged.freeze()), LIMIT).unwrap_err();
+        assert_eq!(code, ResponseError::CorruptMessage.code(), "{message}");
+    }
+
+    #[test]
+    fn compressed_batches_decode_within_the_limit_and_bombs_do_not() {
+        for compression in [Compression::Gzip, Compression::Snappy] {
+            let batch = encoded(&records(3), compression);
+            let grpc = decode_batch("t", 0, None, Some(batch.freeze()), LIMIT).unwrap();
+            assert_eq!(grpc.batch.unwrap().records[2].key, b"k2", "{compression:?}");
+        }
+        // One record of 4 MiB of zeros: a few KiB on the wire, over the limit inflated.
+        let mut big = records(1);
+        big[0].value = Some(Bytes::from(vec![0u8; 4 << 20]));
+        for compression in [Compression::Gzip, Compression::Snappy] {
+            let bomb = encoded(&big, compression);
+            assert!(
+                bomb.len() < 256 << 10,
+                "{compression:?}: {} bytes",
+                bomb.len()
+            );
+            let (code, message) =
+                decode_batch("t", 0, None, Some(bomb.freeze()), LIMIT).unwrap_err();
+            assert_eq!(
+                code,
+                ResponseError::MessageTooLarge.code(),
+                "{compression:?}: {message}"
+            );
+        }
+    }
+
     #[test]
     fn produce_batches_decode_into_the_grpc_shape_or_a_kafka_error() {
         let records: Vec<KafkaRecord> = (0..3)
@@ -784,7 +884,7 @@ mod tests {
             compression: Compression::None,
         };
         RecordBatchEncoder::encode(&mut buf, &records, &options).unwrap();
-        let grpc = decode_batch("t", 1, Some("txn"), Some(buf.clone().freeze())).unwrap();
+        let grpc = decode_batch("t", 1, Some("txn"), Some(buf.clone().freeze()), LIMIT).unwrap();
         assert_eq!(grpc.batch.as_ref().unwrap().records[0].headers.len(), 1);
         assert_eq!(
             grpc.batch.as_ref().unwrap().records[0].headers[0],
@@ -806,14 +906,14 @@ mod tests {
         // Two batches in one partition: INVALID_RECORD. A flipped byte: the CRC catches it.
         let mut two = buf.clone();
         two.extend_from_slice(&buf);
-        let (code, _) = decode_batch("t", 1, None, Some(two.freeze())).unwrap_err();
+        let (code, _) = decode_batch("t", 1, None, Some(two.freeze()), LIMIT).unwrap_err();
         assert_eq!(code, ResponseError::InvalidRecord.code());
         let mut corrupt = buf.clone();
         let last = corrupt.len() - 1;
         corrupt[last] ^= 0xff;
-        let (code, _) = decode_batch("t", 1, None, Some(corrupt.freeze())).unwrap_err();
+        let (code, _) = decode_batch("t", 1, None, Some(corrupt.freeze()), LIMIT).unwrap_err();
         assert_eq!(code, ResponseError::CorruptMessage.code());
-        let (code, _) = decode_batch("t", 1, None, None).unwrap_err();
+        let (code, _) = decode_batch("t", 1, None, None, LIMIT).unwrap_err();
         assert_eq!(code, ResponseError::InvalidRecord.code());
     }
 }

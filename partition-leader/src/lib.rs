@@ -51,6 +51,7 @@
 //! static. See each module's CAVEATS.
 
 pub mod core;
+pub mod decompress;
 pub mod error;
 pub mod kafka;
 pub mod service;

@@ -318,10 +318,17 @@ impl LeaderService {
     /// Wraps the service for `tonic::transport::Server::add_service`, with message limits that
     /// let every batch within the configured limits through.
     pub fn into_server(self) -> PartitionLeaderServer<Self> {
-        let max_decoding = (self.inner.limits.max_batch_bytes.saturating_mul(2))
-            .saturating_add(1024 * 1024)
-            .max(4 * 1024 * 1024);
+        let max_decoding = self.max_decoded_bytes();
         PartitionLeaderServer::new(self).max_decoding_message_size(max_decoding)
+    }
+
+    /// The most bytes one request's batch may take once decoded (a gRPC message, a Kafka
+    /// batch's decompressed records): room for every batch within the configured limits,
+    /// nothing near what a forged length could ask for.
+    pub(crate) fn max_decoded_bytes(&self) -> usize {
+        (self.inner.limits.max_batch_bytes.saturating_mul(2))
+            .saturating_add(1024 * 1024)
+            .max(4 * 1024 * 1024)
     }
 
     pub(crate) fn partition(&self, topic: &str, partition: i32) -> Result<Arc<Partition>> {

@@ -514,7 +514,15 @@ impl RecordBatchDecoder {
         version: i8,
         records: &mut Vec<Record>,
     ) -> Result<()> {
-        records.reserve(batch_decode_info.record_count as usize);
+        // mini-broker: the count is read off the wire; a negative one is refused and the
+        // reservation is capped at the bytes left (a record takes at least one).
+        if batch_decode_info.record_count < 0 {
+            bail!(
+                "Unexpected negative record count: {}",
+                batch_decode_info.record_count
+            );
+        }
+        records.reserve((batch_decode_info.record_count as usize).min(buf.remaining()));
         for _ in 0..batch_decode_info.record_count {
             records.push(Record::decode_new(buf, batch_decode_info, version)?);
         }
@@ -859,11 +867,18 @@ impl Record {
 
         // Timestamp delta
         let timestamp_delta: i64 = types::VarLong.decode(buf)?;
-        let timestamp = batch_decode_info.min_timestamp + timestamp_delta;
+        // mini-broker: checked, as both values come off the wire.
+        let timestamp = batch_decode_info
+            .min_timestamp
+            .checked_add(timestamp_delta)
+            .ok_or_else(|| anyhow!("Record timestamp overflows: {timestamp_delta}"))?;
 
         // Offset delta
         let offset_delta: i32 = types::VarInt.decode(buf)?;
-        let offset = batch_decode_info.min_offset + offset_delta as i64;
+        let offset = batch_decode_info
+            .min_offset
+            .checked_add(offset_delta as i64)
+            .ok_or_else(|| anyhow!("Record offset overflows: {offset_delta}"))?;
         let sequence = batch_decode_info.base_sequence.wrapping_add(offset_delta);
 
         // Key
