@@ -113,6 +113,34 @@ async fn confluent_kafka_transactions_commit_and_abort_across_partitions() {
     cluster.shutdown().await.unwrap();
 }
 
+/// Compressed batches from real clients: librdkafka's gzip and snappy and kafka-python's gzip
+/// are inflated (within the leader's bound) and read back once, in order; lz4, not built in,
+/// is refused with UNSUPPORTED_COMPRESSION_TYPE and nothing of it is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn compressed_batches_from_kafka_clients_are_stored_or_refused_by_codec() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        topics: vec![("compressed".into(), 4)],
+        ..Default::default()
+    })
+    .await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "compressed.py", &bootstrap, &["compressed", "60"]).await;
+    for stored in ["librdkafka-gzip", "librdkafka-snappy", "kafka-python-gzip"] {
+        assert_eq!(report[stored]["errors"], serde_json::json!([]), "{report}");
+        assert_eq!(report[stored]["read"], 60, "{report}");
+        assert_eq!(report[stored]["once_in_order"], true, "{report}");
+    }
+    let lz4 = &report["librdkafka-lz4"];
+    assert_eq!(
+        lz4["errors"],
+        serde_json::json!(["UNSUPPORTED_COMPRESSION_TYPE"]),
+        "{report}"
+    );
+    assert_eq!(lz4["read"], 0, "{report}");
+    cluster.shutdown().await.unwrap();
+}
+
 /// An idempotent producer of a Kafka client (the script, argument 2: librdkafka or
 /// kafka-python) idle long enough for the leader to forget its state
 /// (producer.id.expiration.ms), then writing on at its next sequence: the leader takes it, as
