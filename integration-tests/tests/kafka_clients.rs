@@ -398,8 +398,59 @@ async fn closed(stream: &mut TcpStream) -> bool {
     }
 }
 
+/// One record batch (v2) of one record with `value`, as a client encodes it.
+fn record_batch(
+    value: Vec<u8>,
+    compression: kafka_protocol::records::Compression,
+) -> bytes::BytesMut {
+    let record = kafka_protocol::records::Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: 0,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: kafka_protocol::records::TimestampType::Creation,
+        offset: 0,
+        sequence: -1,
+        timestamp: 1_700_000_000_000,
+        key: None,
+        value: Some(bytes::Bytes::from(value)),
+        headers: Default::default(),
+    };
+    let mut buf = bytes::BytesMut::new();
+    let options = kafka_protocol::records::RecordEncodeOptions {
+        version: 2,
+        compression,
+    };
+    kafka_protocol::records::RecordBatchEncoder::encode(&mut buf, &[record], &options).unwrap();
+    buf
+}
+
+/// A Produce (acks=-1) of `batch` to one partition.
+fn produce_request(
+    topic: &str,
+    partition: i32,
+    batch: bytes::BytesMut,
+) -> kafka_protocol::messages::ProduceRequest {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    let mut data = PartitionProduceData::default();
+    data.index = partition;
+    data.records = Some(batch.freeze());
+    let mut topic_data = TopicProduceData::default();
+    topic_data.name = kafka_protocol::messages::TopicName(str_bytes(topic));
+    topic_data.partition_data = vec![data];
+    let mut request = kafka_protocol::messages::ProduceRequest::default();
+    request.acks = -1;
+    request.timeout_ms = 5_000;
+    request.topic_data = vec![topic_data];
+    request
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_costs_one_connection_and_the_node_serves_the_next_client() {
+    use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
+    use kafka_protocol::records::Compression;
     let cluster = cluster().await;
     let leader = cluster.leader_ids()[0];
     let address = cluster.kafka_address(leader).unwrap();
@@ -448,6 +499,35 @@ async fn bad_input_costs_one_connection_and_the_node_serves_the_next_client() {
     frame.extend_from_slice(&forged);
     s.write_all(&frame).await.unwrap();
     assert!(closed(&mut s).await, "forged array length");
+
+    // A Produce whose record batch is forged (a valid CRC over a record count of 2^31 - 1, and
+    // a gzip bomb): CORRUPT_MESSAGE and MESSAGE_TOO_LARGE, on a connection that stays open.
+    let partition = (0..3)
+        .find(|p| cluster.topology().leader_for("input", *p).map(|l| l.id) == Some(leader))
+        .expect("the leader leads a partition of input");
+    let forged_count = {
+        let mut batch = record_batch(b"v".to_vec(), Compression::None);
+        batch[57..61].copy_from_slice(&i32::MAX.to_be_bytes());
+        let crc = crc32c::crc32c(&batch[21..]);
+        batch[17..21].copy_from_slice(&crc.to_be_bytes());
+        batch
+    };
+    let bomb = record_batch(vec![0u8; 8 << 20], Compression::Gzip);
+    assert!(bomb.len() < 64 << 10);
+    for (batch, code) in [(forged_count, 2), (bomb, 10)] {
+        let response = kafka_call(
+            address,
+            ApiKey::Produce,
+            7,
+            RequestKind::Produce(produce_request("input", partition, batch)),
+        )
+        .await;
+        let ResponseKind::Produce(response) = response else {
+            panic!("not a Produce response")
+        };
+        let answer = &response.responses[0].partition_responses[0];
+        assert_eq!(answer.error_code, code, "{:?}", answer.error_message);
+    }
 
     // An unknown API key: closed without a response.
     let mut s = TcpStream::connect(address).await.unwrap();
