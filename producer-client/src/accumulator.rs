@@ -570,11 +570,15 @@ impl<W> Accumulator<W> {
                 batch.records.len()
             ));
             if batch.base_sequence < 0 {
-                // Never closed: no sequence, no gap.
+                // Never closed: no sequence, no gap. A transaction that lost records cannot
+                // commit, though (as after any failed batch): it fails as a whole.
                 done.push(Completion::Failed {
-                    error,
+                    error: error.clone(),
                     waiters: batch.waiters,
                 });
+                if self.mode == Mode::Transactional {
+                    done.extend(self.fail_all(error));
+                }
             } else {
                 done.extend(self.fail_batch(&tp, batch, error));
             }

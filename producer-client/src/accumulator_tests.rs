@@ -308,6 +308,21 @@ fn delivery_timeout_fails_waiting_and_retrying_batches() {
     assert!(!a.needs_new_producer(), "never closed: no sequence, no gap");
 }
 
+/// A transactional record that expired before its batch ever closed (`linger.ms` longer than
+/// `delivery.timeout.ms`) fails the transaction: a commit must not go ahead without it.
+#[test]
+fn an_expired_open_batch_fails_the_transaction() {
+    let (mut a, t0) = acc(Mode::Transactional);
+    let mut s = settings();
+    s.linger = 10_000 * MS;
+    a.settings = s;
+    append(&mut a, 0, 0..1, t0); // lingering, never closed
+    append(&mut a, 1, 1..2, t0 + 500 * MS);
+    let (_, failed) = outcomes(a.expire(t0 + 1000 * MS));
+    assert_eq!(failed, vec![(0, "TIMEOUT"), (1, "TIMEOUT")]);
+    assert!(a.failure().is_some(), "the transaction cannot commit");
+}
+
 #[test]
 fn sequences_wrap_at_i32_max() {
     assert_eq!(increment_sequence(i32::MAX, 1), 0);
