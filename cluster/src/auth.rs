@@ -16,14 +16,26 @@
 //! certificates handed to every container. A MAC authenticates the caller and the integrity of
 //! each internal request with one secret and no change to the transport.
 //!
+//! Replays: every signature carries a random nonce (so no two requests share a MAC, even two
+//! identical ones in the same millisecond) and every receiver remembers the MACs it accepted
+//! while their timestamps are within the window ([`ReplayGuard`]): a request seen before is
+//! CLUSTER_AUTHORIZATION_FAILED. This matters for transaction version 1, whose epoch stays the
+//! same across a producer's transactions: a captured COMMIT marker of one transaction, replayed
+//! while the next one is open, would otherwise close it at a leader or put the group's offsets
+//! back. A sender that retries signs again (fresh timestamp and nonce), so a retry is never a
+//! replay.
+//!
 //! CAVEATS: no confidentiality (requests travel in clear, as on a PLAINTEXT listener); every
-//! member holds the same secret, so a member is trusted not to impersonate another member; a
-//! request captured on the wire can be replayed within the skew window (markers and verification
-//! are idempotent, so a replay changes nothing); replies are not authenticated (forging one needs
-//! a man in the middle, which a MAC on requests does not stop).
+//! member holds the same secret, so a member is trusted not to impersonate another member; the
+//! replay memory is per process, so a request captured before a receiver restarted can be
+//! replayed to it once within the window (an idempotent marker changes nothing; version 1's
+//! hole stays open that long); replies are not authenticated (forging one needs a man in the
+//! middle, which a MAC on requests does not stop).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
+use std::sync::Mutex;
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
@@ -179,6 +191,9 @@ pub enum AuthError {
     /// This node has no cluster secret: its internal APIs are closed.
     #[error("this node has no cluster secret configured; its internal APIs are closed")]
     NoSecret,
+    /// A request this node accepted before (same MAC), sent again.
+    #[error("a request of node {0} already received: a replay")]
+    Replayed(NodeId),
     /// The sender is not a node of the kind that may send this request.
     #[error("node {0} is not a member that may send this request")]
     NotAMember(NodeId),
@@ -219,16 +234,16 @@ impl AuthError {
 fn mac(
     secret: &ClusterSecret,
     method: &str,
-    node_id: NodeId,
-    timestamp_ms: i64,
+    auth: &proto::ClusterAuth,
     fingerprint: &str,
     body: &[u8],
 ) -> Hmac<Sha256> {
     let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&secret.0).expect("HMAC takes any key");
     m.update(method.as_bytes());
     m.update(&[0]);
-    m.update(&node_id.to_be_bytes());
-    m.update(&timestamp_ms.to_be_bytes());
+    m.update(&auth.node_id.to_be_bytes());
+    m.update(&auth.timestamp_ms.to_be_bytes());
+    m.update(&auth.nonce.to_be_bytes());
     m.update(fingerprint.as_bytes());
     m.update(&[0]);
     m.update(body);
@@ -244,22 +259,24 @@ fn body_without_auth<R: InternalRequest>(request: &R) -> Vec<u8> {
 /// Signs `request` as `credentials.node_id` at `now_ms`.
 pub fn sign<R: InternalRequest>(credentials: &Credentials, request: &mut R, now_ms: i64) {
     let body = body_without_auth(request);
-    let tag = mac(
+    let mut auth = proto::ClusterAuth {
+        node_id: credentials.node_id,
+        timestamp_ms: now_ms,
+        topology_fingerprint: credentials.fingerprint.clone(),
+        mac: Vec::new(),
+        nonce: rand::random(),
+    };
+    auth.mac = mac(
         &credentials.secret,
         R::METHOD,
-        credentials.node_id,
-        now_ms,
+        &auth,
         &credentials.fingerprint,
         &body,
     )
     .finalize()
-    .into_bytes();
-    request.set_auth(Some(proto::ClusterAuth {
-        node_id: credentials.node_id,
-        timestamp_ms: now_ms,
-        topology_fingerprint: credentials.fingerprint.clone(),
-        mac: tag.to_vec(),
-    }));
+    .into_bytes()
+    .to_vec();
+    request.set_auth(Some(auth));
 }
 
 /// Checks that a marker (WriteTxnMarkers, WriteGroupOffsetMarker) authenticated as sent by
@@ -296,16 +313,9 @@ pub fn verify<R: InternalRequest>(
 ) -> Result<NodeId, AuthError> {
     let auth = request.auth().ok_or(AuthError::Missing)?;
     let body = body_without_auth(request);
-    mac(
-        secret,
-        R::METHOD,
-        auth.node_id,
-        auth.timestamp_ms,
-        &auth.topology_fingerprint,
-        &body,
-    )
-    .verify_slice(&auth.mac)
-    .map_err(|_| AuthError::BadMac(auth.node_id))?;
+    mac(secret, R::METHOD, auth, &auth.topology_fingerprint, &body)
+        .verify_slice(&auth.mac)
+        .map_err(|_| AuthError::BadMac(auth.node_id))?;
     let skew_ms = now_ms.saturating_sub(auth.timestamp_ms);
     if skew_ms.saturating_abs() > MAX_CLOCK_SKEW_MS {
         return Err(AuthError::Stale {
@@ -321,6 +331,63 @@ pub fn verify<R: InternalRequest>(
         });
     }
     Ok(auth.node_id)
+}
+
+/// The MACs of the internal requests a node accepted, kept while a replay of them would still
+/// pass the timestamp check ([`MAX_CLOCK_SKEW_MS`]): a request seen before is refused.
+///
+/// Memory: one entry (32 bytes of MAC and a timestamp) per request accepted in the last
+/// 2 x [`MAX_CLOCK_SKEW_MS`] at most; entries past the window are dropped whenever the map has
+/// doubled since the last sweep, so the cost per request stays constant.
+#[derive(Debug, Default)]
+pub struct ReplayGuard {
+    seen: Mutex<Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    /// MAC -> the request's timestamp.
+    macs: HashMap<Vec<u8>, i64>,
+    /// Sweep when the map reaches this size.
+    sweep_at: usize,
+}
+
+impl ReplayGuard {
+    /// Admits a request whose credentials [`verify`] accepted at `now_ms`, once: the same MAC
+    /// again is [`AuthError::Replayed`].
+    pub fn admit<R: InternalRequest>(&self, request: &R, now_ms: i64) -> Result<(), AuthError> {
+        let auth = request.auth().ok_or(AuthError::Missing)?;
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.macs.len() >= seen.sweep_at {
+            // A timestamp older than this no longer passes `verify`: its replay is refused
+            // as stale anyway.
+            seen.macs
+                .retain(|_, at| now_ms.saturating_sub(*at) <= MAX_CLOCK_SKEW_MS);
+            seen.sweep_at = (seen.macs.len() * 2).max(1024);
+        }
+        if seen
+            .macs
+            .insert(auth.mac.clone(), auth.timestamp_ms)
+            .is_some()
+        {
+            return Err(AuthError::Replayed(auth.node_id));
+        }
+        Ok(())
+    }
+
+    /// How many MACs are remembered.
+    pub fn len(&self) -> usize {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .macs
+            .len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 #[cfg(test)]
@@ -346,6 +413,51 @@ mod tests {
     }
 
     const SECRET: &str = "0123456789abcdef0123";
+
+    #[test]
+    fn a_request_is_admitted_once_and_a_fresh_signature_of_the_same_body_again() {
+        let guard = ReplayGuard::default();
+        let mut r = marker();
+        sign(&creds(SECRET, 1), &mut r, 1_000);
+        assert_eq!(guard.admit(&r, 1_000), Ok(()));
+        assert_eq!(guard.admit(&r, 1_001), Err(AuthError::Replayed(1)));
+        // The same body signed again in the same millisecond (a retry): another nonce, another
+        // MAC, admitted.
+        let mut again = marker();
+        sign(&creds(SECRET, 1), &mut again, 1_000);
+        assert_ne!(again.auth, r.auth);
+        assert_eq!(guard.admit(&again, 1_000), Ok(()));
+        // The nonce is under the MAC: changing it breaks the signature.
+        let secret = ClusterSecret::new(SECRET).unwrap();
+        let mut altered = again.clone();
+        altered.auth.as_mut().unwrap().nonce ^= 1;
+        assert_eq!(
+            verify(&secret, "f00d", &altered, 1_000),
+            Err(AuthError::BadMac(1))
+        );
+        assert!(matches!(
+            guard.admit(&marker(), 1_000),
+            Err(AuthError::Missing)
+        ));
+    }
+
+    #[test]
+    fn the_replay_memory_forgets_what_the_clock_check_refuses_anyway() {
+        let guard = ReplayGuard::default();
+        for i in 0..1_024 {
+            let mut r = marker();
+            sign(&creds(SECRET, 1), &mut r, i);
+            guard.admit(&r, i).unwrap();
+        }
+        assert_eq!(guard.len(), 1_024);
+        // Past the window: the next admission sweeps every entry a replay of which `verify`
+        // refuses as stale.
+        let later = 1_024 + MAX_CLOCK_SKEW_MS + 1;
+        let mut r = marker();
+        sign(&creds(SECRET, 1), &mut r, later);
+        guard.admit(&r, later).unwrap();
+        assert_eq!(guard.len(), 1);
+    }
 
     #[test]
     fn a_signed_request_verifies_and_names_its_sender() {

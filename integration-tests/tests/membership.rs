@@ -282,6 +282,81 @@ async fn forged_group_offset_markers_are_refused() {
     assert_eq!(now.get(&tp), Some(&12_345));
 }
 
+/// A marker captured on the wire and sent again is refused, though its signature is the
+/// owner's: with transaction version 1 (the epoch stays across a producer's transactions), the
+/// replay of one transaction's group COMMIT after the next one committed would put the group's
+/// offsets back, and a leader would take a replayed marker for the open transaction's. A marker
+/// signed afresh (a retry) is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_marker_is_refused_and_changes_nothing() {
+    let cluster = cluster().await;
+    let topology = cluster.topology();
+    let group = "group-replay";
+    let group_coordinator = topology.coordinator_for(group).clone();
+    let txid = "txn-replay";
+    let owner = cluster.coordinator_for(txid);
+    let tp = TopicPartition::new(TOPIC, 0);
+    let request = |offset: i64| {
+        let mut r = proto::WriteGroupOffsetMarkerRequest {
+            group_id: group.into(),
+            producer_id: 88,
+            producer_epoch: 1,
+            result: proto::TxnResult::Commit as i32,
+            offsets: vec![proto::PartitionOffset {
+                topic: TOPIC.into(),
+                partition: 0,
+                offset,
+            }],
+            coordinator_id: owner,
+            coordinator_generation: 1,
+            transactional_id: txid.into(),
+            auth: None,
+            transaction_version: 1,
+        };
+        sign(cluster.cluster_secret(), owner, &topology, &mut r);
+        r
+    };
+    let client = coordinator_client(&group_coordinator.address).await;
+    let send = |r: proto::WriteGroupOffsetMarkerRequest| {
+        let mut client = client.clone();
+        async move {
+            let reply = client
+                .write_group_offset_marker(r)
+                .await
+                .unwrap()
+                .into_inner();
+            code(reply.error_code)
+        }
+    };
+    let first = request(100);
+    assert_eq!(send(first.clone()).await, ErrorCode::None);
+    // The producer's next transaction, at the same epoch (version 1), commits 200.
+    assert_eq!(send(request(200)).await, ErrorCode::None);
+    assert_eq!(send(first).await, ErrorCode::ClusterAuthorizationFailed);
+    let mut consumer = Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    let offsets = consumer
+        .committed_offsets(group, std::slice::from_ref(&tp))
+        .await
+        .unwrap();
+    assert_eq!(offsets.get(&tp), Some(&200), "the replay moved nothing");
+
+    // The same at a leader: a marker for a PID without a transaction, accepted once.
+    let mut marker = marker(515_151, 2, true, owner, 1, 0, txid);
+    marker.transaction_version = 1;
+    sign(cluster.cluster_secret(), owner, &topology, &mut marker);
+    assert_eq!(
+        send_marker(&cluster, 0, marker.clone()).await,
+        ErrorCode::None
+    );
+    assert_eq!(
+        send_marker(&cluster, 0, marker.clone()).await,
+        ErrorCode::ClusterAuthorizationFailed
+    );
+    // Signed again (as a retry is): a new signature, accepted.
+    sign(cluster.cluster_secret(), owner, &topology, &mut marker);
+    assert_eq!(send_marker(&cluster, 0, marker).await, ErrorCode::None);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_transaction_is_refused_from_outside_the_cluster() {
     let cluster = cluster().await;

@@ -46,16 +46,16 @@ impl Shared {
         }
     }
 
-    /// The authenticated sender of an internal request, or why it is refused.
+    /// The authenticated sender of an internal request, or why it is refused (a replay of one
+    /// accepted before is refused too).
     pub(super) fn authenticate<R: InternalRequest>(&self, request: &R) -> Result<NodeId, Error> {
         let credentials = self.credentials.as_ref().ok_or(AuthError::NoSecret)?;
-        let sender = auth::verify(
-            &credentials.secret,
-            &credentials.fingerprint,
-            request,
-            now_ms(),
-        )
-        .inspect_err(|e| error!(node_id = self.node_id, error = %e, "internal request refused"))?;
+        let now = now_ms();
+        let sender = auth::verify(&credentials.secret, &credentials.fingerprint, request, now)
+            .and_then(|sender| self.replays.admit(request, now).map(|()| sender))
+            .inspect_err(
+                |e| error!(node_id = self.node_id, error = %e, "internal request refused"),
+            )?;
         Ok(sender)
     }
 

@@ -279,6 +279,7 @@ async fn serve_inner(
     let (commit, writer) = commit::GroupCommit::start(storage.clone(), storage_failed.clone())?;
     let shared = Arc::new(Shared {
         credentials,
+        replays: cluster::auth::ReplayGuard::default(),
         fingerprint,
         peers: Mutex::new(membership::PeerView::Unchecked),
         node_id: config.node_id,
@@ -427,6 +428,8 @@ struct Shared {
     node_id: NodeId,
     /// What internal requests are signed and checked with (`None`: no secret configured).
     credentials: Option<Credentials>,
+    /// The internal requests accepted lately: one seen again is a replay (`membership`).
+    replays: cluster::auth::ReplayGuard,
     /// This node's topology fingerprint.
     fingerprint: String,
     /// The peers' topologies as last checked (`membership`).

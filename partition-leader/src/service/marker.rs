@@ -14,23 +14,21 @@ use crate::error::Result;
 
 impl LeaderService {
     /// The request's cluster credentials ([`cluster::auth`]): signed with the cluster secret,
-    /// under this node's topology, by the coordinator that owns its transactional id.
+    /// under this node's topology, by the coordinator that owns its transactional id, and not
+    /// seen before (a replay).
     pub(super) fn authenticate_marker(&self, request: &WriteTxnMarkersRequest) -> Result<()> {
         let credentials = self.inner.credentials.as_ref().ok_or(AuthError::NoSecret)?;
-        let checked = auth::verify(
-            &credentials.secret,
-            &credentials.fingerprint,
-            request,
-            now_ms(),
-        )
-        .and_then(|sender| {
-            auth::check_marker_sender(
-                &self.inner.topology,
-                sender,
-                request.coordinator_id,
-                &request.transactional_id,
-            )
-        });
+        let now = now_ms();
+        let checked = auth::verify(&credentials.secret, &credentials.fingerprint, request, now)
+            .and_then(|sender| self.inner.replays.admit(request, now).map(|()| sender))
+            .and_then(|sender| {
+                auth::check_marker_sender(
+                    &self.inner.topology,
+                    sender,
+                    request.coordinator_id,
+                    &request.transactional_id,
+                )
+            });
         if let Err(e) = &checked {
             warn!(node_id = self.inner.node_id, error = %e, "WriteTxnMarkers refused");
         }

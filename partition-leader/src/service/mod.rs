@@ -214,6 +214,8 @@ struct Inner {
     node_id: NodeId,
     /// What internal requests are checked with (`None`: no secret, markers refused).
     credentials: Option<cluster::auth::Credentials>,
+    /// The markers accepted lately: one seen again is a replay.
+    replays: cluster::auth::ReplayGuard,
     unsafe_skip_epoch_check: bool,
     topology: Arc<Topology>,
     limits: core::Limits,
@@ -285,6 +287,7 @@ impl LeaderService {
             inner: Arc::new(Inner {
                 node_id: config.node_id,
                 credentials: config.credentials(),
+                replays: cluster::auth::ReplayGuard::default(),
                 unsafe_skip_epoch_check: config.unsafe_skip_epoch_check,
                 topology: config.topology.clone(),
                 limits: config.limits(),
