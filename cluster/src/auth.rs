@@ -17,9 +17,9 @@
 //! each internal request with one secret and no change to the transport.
 //!
 //! Replays: every signature carries a random nonce (so no two requests share a MAC, even two
-//! identical ones in the same millisecond) and every receiver remembers the MACs it accepted
-//! while their timestamps are within the window ([`ReplayGuard`]): a request seen before is
-//! CLUSTER_AUTHORIZATION_FAILED. This matters for transaction version 1, whose epoch stays the
+//! identical ones in the same millisecond) and every receiver of markers remembers the MACs it
+//! accepted while their timestamps are within the window ([`ReplayGuard`]): a marker seen before
+//! is CLUSTER_AUTHORIZATION_FAILED. This matters for transaction version 1, whose epoch stays the
 //! same across a producer's transactions: a captured COMMIT marker of one transaction, replayed
 //! while the next one is open, would otherwise close it at a leader or put the group's offsets
 //! back. A sender that retries signs again (fresh timestamp and nonce), so a retry is never a
@@ -336,9 +336,11 @@ pub fn verify<R: InternalRequest>(
 /// The MACs of the internal requests a node accepted, kept while a replay of them would still
 /// pass the timestamp check ([`MAX_CLOCK_SKEW_MS`]): a request seen before is refused.
 ///
-/// Memory: one entry (32 bytes of MAC and a timestamp) per request accepted in the last
-/// 2 x [`MAX_CLOCK_SKEW_MS`] at most; entries past the window are dropped whenever the map has
-/// doubled since the last sweep, so the cost per request stays constant.
+/// Memory: one entry (32 bytes of MAC and a timestamp, ~50 bytes with the map's overhead) per
+/// request accepted within [`MAX_CLOCK_SKEW_MS`], and at most twice as many between sweeps
+/// (entries past the window are dropped whenever the map has doubled since the last sweep, so
+/// the cost per request stays constant): 1,000 markers a second keep ~30 MB at most. Only
+/// requests that change something need it (markers); a replayed read changes nothing.
 #[derive(Debug, Default)]
 pub struct ReplayGuard {
     seen: Mutex<Seen>,
@@ -347,7 +349,7 @@ pub struct ReplayGuard {
 #[derive(Debug, Default)]
 struct Seen {
     /// MAC -> the request's timestamp.
-    macs: HashMap<Vec<u8>, i64>,
+    macs: HashMap<[u8; 32], i64>,
     /// Sweep when the map reaches this size.
     sweep_at: usize,
 }
@@ -357,6 +359,11 @@ impl ReplayGuard {
     /// again is [`AuthError::Replayed`].
     pub fn admit<R: InternalRequest>(&self, request: &R, now_ms: i64) -> Result<(), AuthError> {
         let auth = request.auth().ok_or(AuthError::Missing)?;
+        let mac: [u8; 32] = auth
+            .mac
+            .as_slice()
+            .try_into()
+            .map_err(|_| AuthError::BadMac(auth.node_id))?;
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if seen.macs.len() >= seen.sweep_at {
             // A timestamp older than this no longer passes `verify`: its replay is refused
@@ -365,11 +372,7 @@ impl ReplayGuard {
                 .retain(|_, at| now_ms.saturating_sub(*at) <= MAX_CLOCK_SKEW_MS);
             seen.sweep_at = (seen.macs.len() * 2).max(1024);
         }
-        if seen
-            .macs
-            .insert(auth.mac.clone(), auth.timestamp_ms)
-            .is_some()
-        {
+        if seen.macs.insert(mac, auth.timestamp_ms).is_some() {
             return Err(AuthError::Replayed(auth.node_id));
         }
         Ok(())

@@ -272,7 +272,7 @@ impl TransactionCoordinator for CoordinatorService {
         let request = request.into_inner();
         let result = match self
             .shared
-            .authenticate(&request)
+            .authenticate(&request, false)
             .and_then(|sender| self.shared.check_leader(sender))
             .and_then(|()| wire::verify_transaction(request))
         {
@@ -299,7 +299,7 @@ impl TransactionCoordinator for CoordinatorService {
             request.get_ref().producer_id,
         );
         let request = request.into_inner();
-        let sender = self.shared.authenticate(&request).and_then(|sender| {
+        let sender = self.shared.authenticate(&request, true).and_then(|sender| {
             let (claimed, id) = (request.coordinator_id, &request.transactional_id);
             self.shared.check_marker_sender(sender, claimed, id)
         });

@@ -46,13 +46,23 @@ impl Shared {
         }
     }
 
-    /// The authenticated sender of an internal request, or why it is refused (a replay of one
-    /// accepted before is refused too).
-    pub(super) fn authenticate<R: InternalRequest>(&self, request: &R) -> Result<NodeId, Error> {
+    /// The authenticated sender of an internal request, or why it is refused. For a request
+    /// that changes something (a marker, `once`), a replay of one accepted before is refused
+    /// too; a read (VerifyTransaction) changes nothing when replayed and is not remembered.
+    pub(super) fn authenticate<R: InternalRequest>(
+        &self,
+        request: &R,
+        once: bool,
+    ) -> Result<NodeId, Error> {
         let credentials = self.credentials.as_ref().ok_or(AuthError::NoSecret)?;
         let now = now_ms();
         let sender = auth::verify(&credentials.secret, &credentials.fingerprint, request, now)
-            .and_then(|sender| self.replays.admit(request, now).map(|()| sender))
+            .and_then(|sender| {
+                if once {
+                    self.replays.admit(request, now)?;
+                }
+                Ok(sender)
+            })
             .inspect_err(
                 |e| error!(node_id = self.node_id, error = %e, "internal request refused"),
             )?;

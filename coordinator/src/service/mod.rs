@@ -428,7 +428,7 @@ struct Shared {
     node_id: NodeId,
     /// What internal requests are signed and checked with (`None`: no secret configured).
     credentials: Option<Credentials>,
-    /// The internal requests accepted lately: one seen again is a replay (`membership`).
+    /// The markers accepted lately: one seen again is a replay (`membership`).
     replays: cluster::auth::ReplayGuard,
     /// This node's topology fingerprint.
     fingerprint: String,
