@@ -35,7 +35,10 @@
 //! coordinator restart, or from before its idle group was dropped, never holds a live member's
 //! id. Idle groups (Empty, nobody waiting, no request on them) are dropped every minute (a
 //! timer, and any group request once the last sweep is a minute old), so memberships do not
-//! pile up; their offsets are stored apart and stay. KIP-447: a TxnOffsetCommit (v3) or an
+//! pile up; their offsets are stored apart and stay. Every group request, TxnOffsetCommit
+//! included, is first NOT_COORDINATOR on a node that does not coordinate the group and
+//! COORDINATOR_LOAD_IN_PROGRESS before the state is loaded (the listener serves from the
+//! start), before any membership is looked at or created. KIP-447: a TxnOffsetCommit (v3) or an
 //! OffsetCommit that names a member and generation is checked against the group first: an
 //! older generation is ILLEGAL_GENERATION, an unknown member UNKNOWN_MEMBER_ID, another static
 //! instance FENCED_INSTANCE_ID, and nothing is recorded. An accepted TxnOffsetCommit leaves its
@@ -381,7 +384,8 @@ impl Handler for KafkaCoordinator {
 }
 
 impl KafkaCoordinator {
-    /// KIP-447: a commit that names a member and generation must match the group's.
+    /// KIP-447: a commit that names a member and generation must match the group's. Only after
+    /// [`Self::check_group`]: this may create the group's membership.
     fn check_group_commit(
         &self,
         group_id: &str,
@@ -734,12 +738,17 @@ impl KafkaCoordinator {
             })
             .collect();
         let group_id = r.group_id.0.to_string();
-        let fenced = self.check_group_commit(
-            &group_id,
-            &r.member_id,
-            r.generation_id,
-            r.group_instance_id.as_deref(),
-        );
+        // This node must serve the group (and have loaded) before the membership is looked at:
+        // a request before the load is COORDINATOR_LOAD_IN_PROGRESS, on a non-owner
+        // NOT_COORDINATOR, as for every group request, and neither creates a membership.
+        let fenced = self.check_group(&group_id).and_then(|()| {
+            self.check_group_commit(
+                &group_id,
+                &r.member_id,
+                r.generation_id,
+                r.group_instance_id.as_deref(),
+            )
+        });
         let grpc = proto::TxnOffsetCommitRequest {
             transactional_id: r.transactional_id.0.to_string(),
             producer_id: r.producer_id.0,

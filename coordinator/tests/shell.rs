@@ -51,6 +51,15 @@ impl TestStorage {
     }
 }
 
+/// Opens the storage's gate when dropped.
+struct OpenGateOnDrop(Arc<TestStorage>);
+
+impl Drop for OpenGateOnDrop {
+    fn drop(&mut self) {
+        self.0.open_gate();
+    }
+}
+
 impl Storage for TestStorage {
     fn load(&self) -> Result<Snapshot, StorageError> {
         let mut open = self.gate.lock().unwrap();
@@ -579,6 +588,130 @@ async fn a_removal_the_storage_refuses_leaves_the_expired_id_as_it_was() {
     task.await.unwrap().unwrap();
 }
 
+/// Starts coordinator 1 over `storage` with a Kafka listener, in a topology with a leader for
+/// topic `input` and the coordinators of `more_coordinators` (TOML) besides node 1: the gRPC
+/// and Kafka addresses, the stop signal and the task.
+async fn serve_kafka(
+    storage: Arc<TestStorage>,
+    more_coordinators: &str,
+) -> (
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), coordinator::Error>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let kafka = kafka_listener.local_addr().unwrap();
+    let grpc_addr = listener.local_addr().unwrap();
+    let topology = cluster::Topology::parse(&format!(
+        "transaction_state_partitions = 4\n\
+         [[coordinators]]\nid = 1\naddress = \"{grpc_addr}\"\n\
+         {more_coordinators}\
+         [[leaders]]\nid = 101\naddress = \"127.0.0.1:1\"\n\
+         [[topics]]\nname = \"input\"\nleaders = [101]\n"
+    ))
+    .unwrap();
+    let mut config = coordinator::CoordinatorConfig::new(1, "/nonexistent", Arc::new(topology));
+    config.cluster_secret = Some(testkit::auth::secret());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(coordinator::serve_with_storage(
+        config,
+        storage,
+        listener,
+        Some(kafka_listener),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (grpc_addr, kafka, stop, task)
+}
+
+/// A TxnOffsetCommit naming a member that reaches the Kafka face before the state is loaded is
+/// COORDINATOR_LOAD_IN_PROGRESS (the client retries; UNKNOWN_MEMBER_ID would make it abort the
+/// transaction) and creates nothing: the group, once loaded, hands out member ids of the
+/// loaded generation, not of generation -1.
+#[tokio::test]
+async fn a_kafka_txn_offset_commit_before_load_is_load_in_progress_and_creates_no_group() {
+    use kafka_protocol::messages::{ApiKey, ResponseKind};
+    use testkit::kafka::{call, join_group, OffsetTxn};
+    let storage = Arc::new(TestStorage::default());
+    let (_, kafka, stop, task) = serve_kafka(storage.clone(), "").await;
+    let group = "early-group";
+    let t = OffsetTxn {
+        txn: "early-txn",
+        group,
+        txn_coordinator: kafka,
+        group_coordinator: kafka,
+        producer: (0, 0),
+    };
+    let load_in_progress = kafka_protocol::ResponseError::CoordinatorLoadInProgress.code();
+    // A failed assertion opens the gate too (the test's runtime waits for the load to end).
+    let _gate = OpenGateOnDrop(storage.clone());
+    assert_eq!(
+        t.commit_offset("consumer-1.0.1-1", 0, 5).await,
+        load_in_progress
+    );
+
+    storage.open_gate();
+    let member = eventually("the group is served", || async {
+        let ResponseKind::JoinGroup(j) =
+            call(kafka, ApiKey::JoinGroup, 5, join_group(group, "")).await
+        else {
+            panic!("JoinGroup response")
+        };
+        (j.error_code != load_in_progress).then_some((j.error_code, j.member_id.to_string()))
+    })
+    .await;
+    assert_eq!(
+        member.0,
+        kafka_protocol::ResponseError::MemberIdRequired.code()
+    );
+    assert!(
+        !member.1.contains(".-1."),
+        "a membership was created before load: {}",
+        member.1
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// A TxnOffsetCommit naming a member, sent to the Kafka face of a node that does not coordinate
+/// the group, is NOT_COORDINATOR (the client looks the coordinator up again), as every other
+/// group request there; it is not checked against a membership of its own.
+#[tokio::test]
+async fn a_kafka_txn_offset_commit_on_a_non_owner_is_not_coordinator() {
+    use testkit::kafka::OffsetTxn;
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    let other = "[[coordinators]]\nid = 2\naddress = \"127.0.0.1:1\"\n";
+    let (grpc_addr, kafka, stop, task) = serve_kafka(storage.clone(), other).await;
+    let topology = cluster::Topology::parse(&format!(
+        "transaction_state_partitions = 4\n\
+         [[coordinators]]\nid = 1\naddress = \"{grpc_addr}\"\n{other}\
+         [[leaders]]\nid = 101\naddress = \"127.0.0.1:1\"\n"
+    ))
+    .unwrap();
+    let group: &'static str = (0..)
+        .map(|i| format!("group-{i}"))
+        .find(|g| topology.coordinator_for(g).id == 2)
+        .map(|g| &*Box::leak(g.into_boxed_str()))
+        .unwrap();
+    let t = OffsetTxn {
+        txn: "txn-elsewhere",
+        group,
+        txn_coordinator: kafka,
+        group_coordinator: kafka,
+        producer: (0, 0),
+    };
+    assert_eq!(
+        t.commit_offset("consumer-2.1.1-1", 0, 5).await,
+        kafka_protocol::ResponseError::NotCoordinator.code()
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
 /// KIP-447 through the Kafka face: a stable OffsetFetch reads the committed offsets and the
 /// pending state as one snapshot. Here its read of the offsets (still without the
 /// transaction's) is held in the storage while the transaction commits: the group marker has
@@ -589,30 +722,7 @@ async fn a_stable_offset_fetch_never_answers_an_offset_from_before_a_marker_as_s
     use testkit::kafka::{offset_fetch_v7, OffsetTxn};
     let storage = Arc::new(TestStorage::default());
     storage.open_gate();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let kafka = kafka_listener.local_addr().unwrap();
-    let grpc_addr = listener.local_addr().unwrap();
-    let topology = cluster::Topology::parse(&format!(
-        "transaction_state_partitions = 4\n\
-         [[coordinators]]\nid = 1\naddress = \"{}\"\n\
-         [[leaders]]\nid = 101\naddress = \"127.0.0.1:1\"\n\
-         [[topics]]\nname = \"input\"\nleaders = [101]\n",
-        listener.local_addr().unwrap()
-    ))
-    .unwrap();
-    let mut config = coordinator::CoordinatorConfig::new(1, "/nonexistent", Arc::new(topology));
-    config.cluster_secret = Some(testkit::auth::secret());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(coordinator::serve_with_storage(
-        config,
-        storage.clone(),
-        listener,
-        Some(kafka_listener),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (grpc_addr, kafka, stop, task) = serve_kafka(storage.clone(), "").await;
     let (txn, group) = ("stale-offset-txn", "stale-offset-group");
     connect(&grpc_addr.to_string()).await;
     let t = OffsetTxn::init(kafka, kafka, txn, group).await;
