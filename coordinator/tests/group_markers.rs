@@ -314,3 +314,36 @@ async fn a_group_holding_a_newer_epoch_acknowledges_an_abort_but_never_completes
     assert_eq!(t.describe().await.state, TxnState::PrepareCommit as i32);
     assert_eq!(offsets(&mut gc, &group).await.0, -1);
 }
+
+/// A group marker repeated at its epoch (transaction version 2: nothing applied) ends only what
+/// is left of the transaction it closed. The PID's next transaction runs at the marker's epoch:
+/// its offsets, committed meanwhile, stay pending until its own marker (KIP-447), so a stable
+/// OffsetFetch never answers the offset from before it.
+#[tokio::test]
+async fn a_repeated_group_marker_keeps_the_next_transactions_offsets_pending() {
+    let cluster = Cluster::start(1).await;
+    let topology = cluster.topology.clone();
+    let mut c = cluster.client(1).await;
+    let mut t = Txn::new(c.clone(), "txn-repeat-pending");
+    let pe = t.init().await;
+    let first = commit_offset(&mut t, pe, "g", 42).await;
+    assert_eq!(t.add_offsets(first, "g").await, ErrorCode::None);
+    assert_eq!(
+        t.commit_offsets(first, "g", &[("t", 0, 50)]).await,
+        ErrorCode::None
+    );
+    // The first transaction's marker again, exactly as coordinator 1 (generation 1) sent it.
+    let repeat = Marker::commit("g", first.0, first.1, &[("t", 0, 42)]).from(1, 1);
+    assert_eq!(repeat.send_in(&topology, &mut c).await, ErrorCode::None);
+    let (code, _) = offset_fetch_as(&mut c, "g", vec![tp("t", 0)], true).await;
+    assert_eq!(
+        code,
+        ErrorCode::UnstableOffsetCommit,
+        "the next transaction's offset is pending until its marker"
+    );
+    t.end(first, true).await;
+    t.wait_state(TxnState::CompleteCommit).await;
+    let (code, stable) = offset_fetch_as(&mut c, "g", vec![tp("t", 0)], true).await;
+    assert_eq!(code, ErrorCode::None);
+    assert_eq!(stable, vec![("t".to_string(), 0, 50)]);
+}

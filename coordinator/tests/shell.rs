@@ -35,12 +35,24 @@ struct TestStorage {
     offset_read_started: AtomicBool,
     /// A group marker's offsets were written.
     group_marker_applied: AtomicBool,
+    /// While set, the next write of pending transactional offsets waits in the storage (before
+    /// writing) until `release_pending_put`; only that one.
+    hold_next_pending_put: AtomicBool,
+    /// The held write of pending offsets reached the storage.
+    pending_put_held: AtomicBool,
+    pending_put_released: Mutex<bool>,
+    pending_put_releases: Condvar,
 }
 
 impl TestStorage {
     fn open_gate(&self) {
         *self.gate.lock().unwrap() = true;
         self.opened.notify_all();
+    }
+
+    fn release_pending_put(&self) {
+        *self.pending_put_released.lock().unwrap() = true;
+        self.pending_put_releases.notify_all();
     }
 
     fn check(&self) -> Result<(), StorageError> {
@@ -115,6 +127,13 @@ impl Storage for TestStorage {
         recorded_ms: i64,
     ) -> Result<(), StorageError> {
         self.check()?;
+        if self.hold_next_pending_put.swap(false, Ordering::SeqCst) {
+            self.pending_put_held.store(true, Ordering::SeqCst);
+            let mut released = self.pending_put_released.lock().unwrap();
+            while !*released {
+                released = self.pending_put_releases.wait(released).unwrap();
+            }
+        }
         self.inner
             .put_pending_txn_offsets(group, producer_id, partitions, recorded_ms)
     }
@@ -767,6 +786,62 @@ async fn a_stable_offset_fetch_never_answers_an_offset_from_before_a_marker_as_s
     })
     .await;
     assert_eq!(stable, 5);
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// KIP-447: a refused TxnOffsetCommit gives back only its own hold on the pending partitions.
+/// A zombie at (P, e0) and the live instance at (P, e1) (same PID, bumped epoch) commit an
+/// offset of the same partition; the zombie's commit records first (its write held in the
+/// storage), the live one's is accepted, then the zombie's is refused (PRODUCER_FENCED). The
+/// partition stays pending for the live transaction: a stable OffsetFetch must not answer the
+/// offset from before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_commit_of_a_zombie_keeps_the_live_commit_pending() {
+    let cluster = Cluster::start(1).await;
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    let (mut client, stop, task) = serve_on(&cluster, storage.clone()).await;
+    let mut zombie = Txn::new(client.clone(), "txn-pending-zombie");
+    let old = zombie.init().await;
+    let mut live = Txn::new(client.clone(), "txn-pending-zombie");
+    let new = live.init().await;
+    assert_eq!((new.0, new.1), (old.0, old.1 + 1));
+    assert_eq!(live.add_offsets(new, "g").await, ErrorCode::None);
+
+    storage.hold_next_pending_put.store(true, Ordering::SeqCst);
+    let fenced = tokio::spawn(async move { zombie.commit_offsets(old, "g", &[("t", 0, 5)]).await });
+    eventually("the zombie's commit is recorded", || async {
+        storage
+            .pending_put_held
+            .load(Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        live.commit_offsets(new, "g", &[("t", 0, 7)]).await,
+        ErrorCode::None
+    );
+    storage.release_pending_put();
+    assert_eq!(fenced.await.unwrap(), ErrorCode::ProducerFenced);
+
+    let (code, _) = offset_fetch_as(&mut client, "g", vec![tp("t", 0)], true).await;
+    assert_eq!(
+        code,
+        ErrorCode::UnstableOffsetCommit,
+        "the live transaction's offset is pending until its marker"
+    );
+    // Its marker ends it: the offset is stable.
+    live.end(new, true).await;
+    let stable = eventually("the offset is stable", || {
+        let mut client = client.clone();
+        async move {
+            let (code, offsets) = offset_fetch_as(&mut client, "g", vec![tp("t", 0)], true).await;
+            (code == ErrorCode::None).then_some(offsets)
+        }
+    })
+    .await;
+    assert_eq!(stable, vec![("t".to_string(), 0, 7)]);
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }

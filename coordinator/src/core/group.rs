@@ -142,80 +142,149 @@ pub fn write_group_marker(
 /// still on its way. A consumer that took the partition over in a rebalance would otherwise
 /// start from that older offset and process those records a second time.
 ///
-/// The service keeps this picture durable (`Storage::put_pending_txn_offsets`), so a restarted
-/// coordinator still answers UNSTABLE_OFFSET_COMMIT until the marker, which the transaction's
-/// coordinator re-sends, arrives. Each entry carries the time it was recorded, and one older
-/// than `max_age_ms` no longer counts ([`Self::is_pending`]): no transaction lives longer
-/// than the maximum transaction timeout, so an entry that outlives twice that (the service's
-/// choice) lost its transaction's marker for good (a crash between recording it and learning
-/// that the transaction refused the commit), and must not keep a partition unreadable forever.
+/// Each commit holds its partitions under its (PID, epoch), and every commit counts, not only
+/// the first one to name a partition: [`Self::record`] takes a hold, and [`Self::forget`] (the
+/// transaction's coordinator refused that commit) gives back only that commit's hold. A partition
+/// stays pending while any commit that was accepted, or whose answer is not known yet, holds
+/// it. So a refused commit (a zombie at an older epoch of the same PID, or a failed commit of
+/// the same transaction) never clears what an accepted one relies on. A marker ends the holds of
+/// the transaction it closes ([`Self::complete`]): every epoch of the PID when it is applied
+/// (the transaction is still in Prepare* then, so no later transaction of the PID has an accepted
+/// commit yet), only the epochs before the marker's when it is a version-2 repeat (the next
+/// transaction of the PID runs at the marker's epoch and may already have commits here).
+///
+/// The service keeps this picture durable (`Storage::put_pending_txn_offsets`, one record per
+/// group, PID and partition, kept while any epoch holds it), so a restarted coordinator still
+/// answers UNSTABLE_OFFSET_COMMIT until the marker, which the transaction's coordinator re-sends,
+/// arrives. Each entry carries the time it was recorded, and one older than `max_age_ms` no
+/// longer counts ([`Self::is_pending`]): no transaction lives longer than the maximum
+/// transaction timeout, so an entry that outlives twice that (the service's choice) lost its
+/// transaction's marker for good (a crash between recording it and learning that the
+/// transaction refused the commit), and must not keep a partition unreadable forever.
 ///
 /// Both faces track it: Kafka clients and our own client send TxnOffsetCommit to the group's
 /// coordinator. CAVEATS: a TxnOffsetCommit sent straight to the transaction's coordinator (a
-/// client older than this, or a node that does not coordinate the group) is not tracked.
+/// client older than this, or a node that does not coordinate the group) is not tracked. The
+/// disk keeps neither the epoch nor the holds: an entry loaded at start has
+/// [`Self::UNKNOWN_EPOCH`], so any marker of its PID ends it (a version-2 repeat too, even one
+/// that ends the transaction before the entry's).
 #[derive(Clone, Debug, Default)]
 pub struct PendingTxnOffsets {
-    /// Group -> partition -> the PIDs with a pending commit for it, with when it was recorded
-    /// (Unix ms).
-    groups: HashMap<String, BTreeMap<TopicPartition, BTreeMap<ProducerId, i64>>>,
+    /// Group -> partition -> the commits holding it.
+    groups: HashMap<String, BTreeMap<TopicPartition, Holds>>,
+}
+
+/// The commits holding one partition pending, by (PID, epoch).
+type Holds = BTreeMap<(ProducerId, ProducerEpoch), Hold>;
+
+/// The commits of one (PID, epoch) holding one partition pending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Hold {
+    /// When the last of them was recorded (Unix ms).
+    recorded_ms: i64,
+    /// How many: accepted, or not answered yet (a refused one gave its hold back).
+    commits: u32,
 }
 
 impl PendingTxnOffsets {
-    /// A TxnOffsetCommit of `producer_id` for `partitions` of `group` is about to be recorded by
-    /// the transaction (at `now_ms`): they are pending. Returns the partitions that were not
-    /// pending for that PID already, for [`Self::forget`] if the commit is then refused.
+    /// The epoch of an entry loaded from disk, which does not keep it: below every epoch, so
+    /// any marker of the PID ends it.
+    pub const UNKNOWN_EPOCH: ProducerEpoch = -1;
+
+    /// A TxnOffsetCommit of (`producer_id`, `epoch`) for `partitions` of `group` is about to be
+    /// recorded by the transaction (at `now_ms`): they are pending, held by this commit until
+    /// [`Self::forget`] gives the hold back (refused) or [`Self::complete`] ends the
+    /// transaction.
     pub fn record(
         &mut self,
         group: &str,
         producer_id: ProducerId,
+        epoch: ProducerEpoch,
         partitions: impl IntoIterator<Item = TopicPartition>,
         now_ms: i64,
-    ) -> Vec<TopicPartition> {
+    ) {
         let pending = self.groups.entry(group.to_string()).or_default();
-        partitions
-            .into_iter()
-            .filter(|tp| {
-                pending
-                    .entry(tp.clone())
-                    .or_default()
-                    .insert(producer_id, now_ms)
-                    .is_none()
-            })
-            .collect()
+        for tp in partitions {
+            let hold = pending
+                .entry(tp)
+                .or_default()
+                .entry((producer_id, epoch))
+                .or_insert(Hold {
+                    recorded_ms: now_ms,
+                    commits: 0,
+                });
+            hold.recorded_ms = now_ms;
+            hold.commits += 1;
+        }
     }
 
-    /// The commit [`Self::record`] announced was refused: `partitions` (what it returned) are
-    /// no longer pending for `producer_id`.
-    pub fn forget(&mut self, group: &str, producer_id: ProducerId, partitions: &[TopicPartition]) {
-        if let Some(pending) = self.groups.get_mut(group) {
-            for tp in partitions {
-                if let Some(pids) = pending.get_mut(tp) {
-                    pids.remove(&producer_id);
-                    if pids.is_empty() {
-                        pending.remove(tp);
+    /// The commit of (`producer_id`, `epoch`) that [`Self::record`] announced for `partitions`
+    /// was refused: it gives its holds back. Returns the partitions no epoch of `producer_id`
+    /// holds any more (what the disk no longer needs).
+    pub fn forget(
+        &mut self,
+        group: &str,
+        producer_id: ProducerId,
+        epoch: ProducerEpoch,
+        partitions: &[TopicPartition],
+    ) -> Vec<TopicPartition> {
+        let mut released = Vec::new();
+        let Some(pending) = self.groups.get_mut(group) else {
+            return released;
+        };
+        for tp in partitions {
+            let Some(holds) = pending.get_mut(tp) else {
+                continue;
+            };
+            if let Some(hold) = holds.get_mut(&(producer_id, epoch)) {
+                hold.commits -= 1;
+                if hold.commits == 0 {
+                    holds.remove(&(producer_id, epoch));
+                    if !holds.keys().any(|(pid, _)| *pid == producer_id) {
+                        released.push(tp.clone());
                     }
                 }
             }
-            if pending.is_empty() {
-                self.groups.remove(group);
+            if holds.is_empty() {
+                pending.remove(tp);
             }
         }
+        if pending.is_empty() {
+            self.groups.remove(group);
+        }
+        released
     }
 
-    /// The transaction of `producer_id` ended for `group` (its marker was applied, COMMIT or
-    /// ABORT): nothing of it is pending any more. Whether anything was.
-    pub fn complete(&mut self, group: &str, producer_id: ProducerId) -> bool {
-        let mut removed = false;
-        if let Some(pending) = self.groups.get_mut(group) {
-            pending.retain(|_, pids| {
-                removed |= pids.remove(&producer_id).is_some();
-                !pids.is_empty()
+    /// A marker of `producer_id` was applied for `group` (COMMIT or ABORT): the commits of the
+    /// transaction it ends are no longer pending. `before_epoch`: `None` ends every epoch of
+    /// the PID (a marker applied: no later transaction has accepted commits yet), `Some(e)`
+    /// only the epochs below `e` (a version-2 repeat at `e`: the next transaction runs at
+    /// `e`). Returns the partitions no epoch of `producer_id` holds any more (what the disk no
+    /// longer needs).
+    pub fn complete(
+        &mut self,
+        group: &str,
+        producer_id: ProducerId,
+        before_epoch: Option<ProducerEpoch>,
+    ) -> Vec<TopicPartition> {
+        let mut released = Vec::new();
+        let Some(pending) = self.groups.get_mut(group) else {
+            return released;
+        };
+        pending.retain(|tp, holds| {
+            let before = holds.len();
+            holds.retain(|(pid, epoch), _| {
+                *pid != producer_id || before_epoch.is_some_and(|e| *epoch >= e)
             });
-            if pending.is_empty() {
-                self.groups.remove(group);
+            if holds.len() < before && !holds.keys().any(|(pid, _)| *pid == producer_id) {
+                released.push(tp.clone());
             }
+            !holds.is_empty()
+        });
+        if pending.is_empty() {
+            self.groups.remove(group);
         }
-        removed
+        released
     }
 
     /// The partitions of `group` that [`Self::is_pending`] (same arguments), in order.
@@ -246,9 +315,10 @@ impl PendingTxnOffsets {
         self.groups
             .get(group)
             .and_then(|pending| pending.get(tp))
-            .is_some_and(|pids| {
-                pids.values()
-                    .any(|recorded| now_ms.saturating_sub(*recorded) < max_age_ms)
+            .is_some_and(|holds| {
+                holds
+                    .values()
+                    .any(|hold| now_ms.saturating_sub(hold.recorded_ms) < max_age_ms)
             })
     }
 }
@@ -413,68 +483,116 @@ mod tests {
 
     // ---- pending transactional offsets (KIP-447) ------------------------------------------
 
+    fn tp(p: i32) -> TopicPartition {
+        TopicPartition::new("input", p)
+    }
+
+    fn is(p: &PendingTxnOffsets, g: &str, t: TopicPartition) -> bool {
+        p.is_pending(g, &t, 1_000, 60_000)
+    }
+
     #[test]
     fn offsets_are_pending_from_the_commit_until_the_marker() {
-        let tp = |p| TopicPartition::new("input", p);
         let mut pending = PendingTxnOffsets::default();
-        let is = |p: &PendingTxnOffsets, g: &str, t| p.is_pending(g, &t, 1_000, 60_000);
         assert!(!is(&pending, "g", tp(0)));
-        assert_eq!(
-            pending.record("g", 7, [tp(0), tp(1)], 10),
-            vec![tp(0), tp(1)]
-        );
-        // A second commit in the same transaction adds only what is new.
-        assert_eq!(pending.record("g", 7, [tp(1), tp(2)], 20), vec![tp(2)]);
-        pending.record("g", 8, [tp(1)], 30);
+        pending.record("g", 7, 0, [tp(0), tp(1)], 10);
+        pending.record("g", 7, 0, [tp(1), tp(2)], 20);
+        pending.record("g", 8, 0, [tp(1)], 30);
         assert!(is(&pending, "g", tp(0)));
         assert!(!is(&pending, "other", tp(0)));
-        // PID 7's marker: only PID 8's partition stays pending.
-        assert!(pending.complete("g", 7));
-        assert!(!pending.complete("g", 7), "nothing left of PID 7");
+        // PID 7's marker: only PID 8's partition stays pending; the disk may drop PID 7's.
+        assert_eq!(pending.complete("g", 7, None), vec![tp(0), tp(1), tp(2)]);
+        assert!(
+            pending.complete("g", 7, None).is_empty(),
+            "nothing left of PID 7"
+        );
         assert!(!is(&pending, "g", tp(0)));
         assert!(is(&pending, "g", tp(1)));
         assert!(!is(&pending, "g", tp(2)));
-        pending.complete("g", 8);
+        pending.complete("g", 8, None);
         assert!(!is(&pending, "g", tp(1)));
         assert!(pending.groups.is_empty());
     }
 
     #[test]
-    fn a_refused_commit_forgets_only_what_it_added() {
-        let tp = |p| TopicPartition::new("input", p);
+    fn a_refused_commit_gives_back_only_its_own_hold() {
         let mut pending = PendingTxnOffsets::default();
-        pending.record("g", 7, [tp(0)], 10);
-        let added = pending.record("g", 7, [tp(0), tp(1)], 20);
-        pending.forget("g", 7, &added);
-        assert!(
-            pending.is_pending("g", &tp(0), 30, 60_000),
-            "the earlier commit stays"
-        );
-        assert!(!pending.is_pending("g", &tp(1), 30, 60_000));
-        pending.complete("g", 7);
+        pending.record("g", 7, 0, [tp(0)], 10);
+        pending.record("g", 7, 0, [tp(0), tp(1)], 20);
+        // The second commit of the transaction is refused: the first one still holds tp(0).
+        assert_eq!(pending.forget("g", 7, 0, &[tp(0), tp(1)]), vec![tp(1)]);
+        assert!(is(&pending, "g", tp(0)), "the earlier commit stays");
+        assert!(!is(&pending, "g", tp(1)));
+        // A hold given back twice (or never taken) changes nothing.
+        assert!(pending.forget("g", 7, 0, &[tp(1)]).is_empty());
+        pending.complete("g", 7, None);
         assert!(pending.groups.is_empty());
+    }
+
+    #[test]
+    fn a_refused_zombie_never_clears_what_the_live_instance_committed() {
+        // The zombie at (7, 0) records first, the live instance at (7, 1) is accepted, then the
+        // zombie's commit is refused (PRODUCER_FENCED).
+        let mut pending = PendingTxnOffsets::default();
+        pending.record("g", 7, 0, [tp(0)], 10);
+        pending.record("g", 7, 1, [tp(0)], 20);
+        assert!(
+            pending.forget("g", 7, 0, &[tp(0)]).is_empty(),
+            "the disk keeps the PID's record"
+        );
+        assert!(is(&pending, "g", tp(0)));
+        // In the other order too.
+        let mut pending = PendingTxnOffsets::default();
+        pending.record("g", 7, 1, [tp(0)], 10);
+        pending.record("g", 7, 0, [tp(0)], 20);
+        assert!(pending.forget("g", 7, 0, &[tp(0)]).is_empty());
+        assert!(is(&pending, "g", tp(0)));
+        assert_eq!(pending.forget("g", 7, 1, &[tp(0)]), vec![tp(0)]);
+        assert!(pending.groups.is_empty());
+    }
+
+    #[test]
+    fn a_repeated_marker_ends_only_the_epochs_before_its_own() {
+        let mut pending = PendingTxnOffsets::default();
+        // Left of the transaction at epoch 3 (and loaded from disk without an epoch); the next
+        // transaction runs at 4, the epoch its marker carried.
+        pending.record("g", 7, 3, [tp(0)], 10);
+        pending.record("g", 7, PendingTxnOffsets::UNKNOWN_EPOCH, [tp(1)], 10);
+        pending.record("g", 7, 4, [tp(2)], 20);
+        pending.record("g", 8, 0, [tp(0)], 20);
+        // What the disk may drop is PID 7's record of tp(0) and tp(1).
+        assert_eq!(pending.complete("g", 7, Some(4)), vec![tp(0), tp(1)]);
+        assert!(is(&pending, "g", tp(0)), "PID 8 holds it");
+        assert!(!is(&pending, "g", tp(1)));
+        assert!(is(&pending, "g", tp(2)), "the next transaction's");
+        // The next transaction's own marker, at 5.
+        assert_eq!(pending.complete("g", 7, Some(5)), vec![tp(2)]);
+        assert!(!is(&pending, "g", tp(2)));
     }
 
     #[test]
     fn a_pending_offset_older_than_the_bound_no_longer_counts() {
         let tp = TopicPartition::new("input", 0);
         let mut pending = PendingTxnOffsets::default();
-        pending.record("g", 7, [tp.clone()], 1_000);
+        pending.record("g", 7, 0, [tp.clone()], 1_000);
         assert!(pending.is_pending("g", &tp, 1_000 + 59_999, 60_000));
         assert!(!pending.is_pending("g", &tp, 1_000 + 60_000, 60_000));
         // A newer commit of another PID for the same partition still counts.
-        pending.record("g", 8, [tp.clone()], 50_000);
+        pending.record("g", 8, 0, [tp.clone()], 50_000);
+        assert!(pending.is_pending("g", &tp, 1_000 + 60_000, 60_000));
+        // So does a newer commit of the same transaction: it refreshes the time.
+        pending.record("g", 7, 0, [tp.clone()], 55_000);
+        pending.complete("g", 8, None);
         assert!(pending.is_pending("g", &tp, 1_000 + 60_000, 60_000));
     }
 
     #[test]
     fn the_pending_partitions_of_a_group_are_the_ones_that_count() {
-        let tp = |p| TopicPartition::new("input", p);
         let mut pending = PendingTxnOffsets::default();
         assert!(pending.pending_partitions("g", 0, 60_000).is_empty());
-        pending.record("g", 7, [tp(2), tp(0)], 1_000);
-        pending.record("g", 8, [tp(1)], 30_000);
-        pending.record("other", 9, [tp(3)], 30_000);
+        pending.record("g", 7, 0, [tp(2), tp(0)], 1_000);
+        pending.record("g", 8, 0, [tp(1)], 30_000);
+        pending.record("other", 9, 0, [tp(3)], 30_000);
         assert_eq!(
             pending.pending_partitions("g", 40_000, 60_000),
             vec![tp(0), tp(1), tp(2)]

@@ -41,6 +41,8 @@ impl Shared {
         };
         let (epoch, generation, result) =
             (marker.epoch, marker.coordinator_generation, marker.result);
+        // The pending entries change in memory and on disk as one step (see `pending_writes`).
+        let _pending = self.pending_writes.write().await;
         match core::write_group_marker(&fence, marker) {
             Err(e) => {
                 warn!(%group, pid, epoch, coordinator, generation, ?result,
@@ -51,12 +53,16 @@ impl Shared {
             }
             Ok(None) => {
                 debug!(%group, pid, epoch, coordinator, generation, "group marker repeated; nothing to write");
-                if cluster::node::lock(&self.pending_txn_offsets).complete(&group, pid) {
-                    // Pending since before a restart (the marker was applied, its Complete*
-                    // was not), or recorded after the marker: removed on disk too.
+                // Version 2 (a repeat is never version 1): the marker ends the transaction run
+                // at an epoch below its own, and the PID's next transaction runs at the
+                // marker's epoch: its commits here stay pending. What is left of the ended
+                // transaction (recorded after the marker by a commit whose answer never came,
+                // or loaded at start without its epoch) ends now, on disk too.
+                let released = lock(&self.pending_txn_offsets).complete(&group, pid, Some(epoch));
+                if !released.is_empty() {
                     let g = group.clone();
                     if let Err(e) = self
-                        .blocking(move |s| s.remove_pending_txn_offsets(&g, pid, None))
+                        .blocking(move |s| s.remove_pending_txn_offsets(&g, pid, Some(&released)))
                         .await
                     {
                         warn!(%group, pid, error = %e, "could not remove pending offsets; they expire");
@@ -69,39 +75,46 @@ impl Shared {
                 self.blocking(move |s| s.apply_group_marker(&write)).await?;
                 debug!(%group, pid, epoch, coordinator, generation, ?result, offsets, "group marker applied");
                 // Only once the offsets are durable (and the pending records gone with them,
-                // in the same sled transaction): a stable OffsetFetch then reads them.
-                cluster::node::lock(&self.pending_txn_offsets).complete(&group, pid);
+                // in the same sled transaction): a stable OffsetFetch then reads them. Every
+                // epoch of the PID: its transaction is in Prepare* until every marker is
+                // applied, so no later transaction of the PID has a commit accepted yet.
+                lock(&self.pending_txn_offsets).complete(&group, pid, None);
                 Ok(())
             }
         }
     }
 
-    /// KIP-447: a TxnOffsetCommit of `producer_id` for `partitions` of `group` is about to be
-    /// handed to the transaction: pending in memory, then on disk before it goes on (so a
-    /// restarted coordinator still answers UNSTABLE_OFFSET_COMMIT until the marker). Returns
-    /// the partitions that were not pending for that PID already.
+    /// KIP-447: a TxnOffsetCommit of `producer` for `partitions` of `group` is about to be
+    /// handed to the transaction: pending in memory (held by this commit, see
+    /// [`core::PendingTxnOffsets`]), then on disk before it goes on (so a restarted
+    /// coordinator still answers UNSTABLE_OFFSET_COMMIT until the marker).
     async fn record_pending_txn_offsets(
         &self,
         group: &str,
-        producer_id: cluster::ProducerId,
-        partitions: Vec<TopicPartition>,
-    ) -> Result<Vec<TopicPartition>, Error> {
-        let now = cluster::node::now_ms();
-        let added = lock(&self.pending_txn_offsets).record(
-            group,
-            producer_id,
-            partitions.iter().cloned(),
-            now,
-        );
-        let g = group.to_string();
-        let written = self
-            .blocking(move |s| s.put_pending_txn_offsets(&g, producer_id, &partitions, now))
-            .await;
+        producer: core::ProducerIdAndEpoch,
+        partitions: &[TopicPartition],
+    ) -> Result<(), Error> {
+        let written = {
+            // Shared: commits record side by side; a removal waits (see `pending_writes`).
+            let _pending = self.pending_writes.read().await;
+            let now = cluster::node::now_ms();
+            lock(&self.pending_txn_offsets).record(
+                group,
+                producer.producer_id,
+                producer.epoch,
+                partitions.iter().cloned(),
+                now,
+            );
+            let (g, pid, tps) = (group.to_string(), producer.producer_id, partitions.to_vec());
+            self.blocking(move |s| s.put_pending_txn_offsets(&g, pid, &tps, now))
+                .await
+        };
         if let Err(e) = written {
-            lock(&self.pending_txn_offsets).forget(group, producer_id, &added);
+            self.forget_pending_txn_offsets(group, producer, partitions)
+                .await;
             return Err(e.into());
         }
-        Ok(added)
+        Ok(())
     }
 
     /// TxnOffsetCommit as the group's coordinator receives it (Kafka clients and our own
@@ -109,8 +122,9 @@ impl Shared {
     /// coordinates the group, the offsets are pending (KIP-447), durably, BEFORE the
     /// transaction records them, so a stable OffsetFetch can never read the older offset in
     /// between; they stop being pending when the transaction's marker for the group is applied,
-    /// or at once if the transaction's coordinator refuses them. That coordinator is this node
-    /// or, over gRPC, the owner of the transactional id. A node that does not coordinate the
+    /// or, for this commit's own hold, at once if the transaction's coordinator refuses it (what
+    /// another accepted or unanswered commit holds stays, see [`core::PendingTxnOffsets`]).
+    /// That coordinator is this node or, over gRPC, the owner of the transactional id. A node that does not coordinate the
     /// group records nothing (no marker would come here to complete it) and applies the
     /// request itself as the transaction's coordinator (a request forwarded to it, or a client
     /// that sends it there), or answers NOT_COORDINATOR: so a request is forwarded at most once.
@@ -126,15 +140,14 @@ impl Shared {
         if self.check_owner(&group).is_err() {
             return code_of(&self.txn_offset_commit(caller, group, offsets).await);
         }
-        let partitions = offsets.iter().map(|(tp, _)| tp.clone()).collect();
-        let pid = caller.producer.producer_id;
-        let added = match self
-            .record_pending_txn_offsets(&group, pid, partitions)
+        let partitions: Vec<TopicPartition> = offsets.iter().map(|(tp, _)| tp.clone()).collect();
+        let producer = caller.producer;
+        if let Err(e) = self
+            .record_pending_txn_offsets(&group, producer, &partitions)
             .await
         {
-            Ok(added) => added,
-            Err(e) => return code_of::<()>(&Err(e)),
-        };
+            return code_of::<()>(&Err(e));
+        }
         let owner = self.topology.coordinator_for(&caller.id).clone();
         let answer = if owner.id == self.node_id {
             Ok(code_of(
@@ -147,7 +160,8 @@ impl Shared {
             Ok((code, message)) => {
                 if code != ErrorCode::None as i32 {
                     // Refused: the transaction does not hold these offsets.
-                    self.forget_pending_txn_offsets(&group, pid, added).await;
+                    self.forget_pending_txn_offsets(&group, producer, &partitions)
+                        .await;
                 }
                 (code, message)
             }
@@ -188,18 +202,28 @@ impl Shared {
         }
     }
 
-    /// The TxnOffsetCommit announced by [`Self::record_pending_txn_offsets`] was refused:
-    /// `partitions` (what it returned) are no longer pending for `producer_id`.
+    /// The TxnOffsetCommit of `producer` for `partitions` announced by
+    /// [`Self::record_pending_txn_offsets`] was refused: it gives its holds back, and a
+    /// partition no commit of the PID holds any more leaves the disk too. What an accepted (or
+    /// unanswered) commit holds stays pending, whatever its epoch.
     async fn forget_pending_txn_offsets(
         &self,
         group: &str,
-        producer_id: cluster::ProducerId,
-        partitions: Vec<TopicPartition>,
+        producer: core::ProducerIdAndEpoch,
+        partitions: &[TopicPartition],
     ) {
-        lock(&self.pending_txn_offsets).forget(group, producer_id, &partitions);
+        // Exclusive: no commit records between the memory's decision and the disk's removal
+        // (its record would be removed from disk under it).
+        let _pending = self.pending_writes.write().await;
+        let producer_id = producer.producer_id;
+        let released =
+            lock(&self.pending_txn_offsets).forget(group, producer_id, producer.epoch, partitions);
+        if released.is_empty() {
+            return;
+        }
         let g = group.to_string();
         if let Err(e) = self
-            .blocking(move |s| s.remove_pending_txn_offsets(&g, producer_id, Some(&partitions)))
+            .blocking(move |s| s.remove_pending_txn_offsets(&g, producer_id, Some(&released)))
             .await
         {
             warn!(group, producer_id, error = %e, "could not remove pending offsets; they expire");
@@ -224,7 +248,13 @@ impl Shared {
         {
             let mut pending = lock(&self.pending_txn_offsets);
             for p in live {
-                pending.record(&p.group, p.producer_id, [p.partition], p.recorded_ms);
+                pending.record(
+                    &p.group,
+                    p.producer_id,
+                    core::PendingTxnOffsets::UNKNOWN_EPOCH,
+                    [p.partition],
+                    p.recorded_ms,
+                );
             }
         }
         for p in expired {
