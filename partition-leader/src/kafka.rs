@@ -815,6 +815,11 @@ mod tests {
             .collect()
     }
 
+    /// The error code of a batch `decode_batch` refuses, with its message.
+    fn refused(batch: BytesMut) -> (i16, String) {
+        decode_batch("t", 0, None, Some(batch.freeze()), LIMIT).unwrap_err()
+    }
+
     #[test]
     fn forged_counts_and_deltas_are_corrupt_messages_not_aborts() {
         // A record count of i32::MAX (or negative) with a valid CRC: the decoder must not
@@ -823,8 +828,7 @@ mod tests {
             let mut forged = encoded(&records(1), Compression::None);
             forged[57..61].copy_from_slice(&count.to_be_bytes());
             reseal(&mut forged);
-            let (code, message) =
-                decode_batch("t", 0, None, Some(forged.freeze()), LIMIT).unwrap_err();
+            let (code, message) = refused(forged);
             assert_eq!(
                 code,
                 ResponseError::CorruptMessage.code(),
@@ -837,7 +841,7 @@ mod tests {
         let mut forged = encoded(&late, Compression::None);
         forged[27..35].copy_from_slice(&i64::MAX.to_be_bytes());
         reseal(&mut forged);
-        let (code, message) = decode_batch("t", 0, None, Some(forged.freeze()), LIMIT).unwrap_err();
+        let (code, message) = refused(forged);
         assert_eq!(code, ResponseError::CorruptMessage.code(), "{message}");
     }
 
@@ -858,8 +862,7 @@ mod tests {
                 "{compression:?}: {} bytes",
                 bomb.len()
             );
-            let (code, message) =
-                decode_batch("t", 0, None, Some(bomb.freeze()), LIMIT).unwrap_err();
+            let (code, message) = refused(bomb);
             assert_eq!(
                 code,
                 ResponseError::MessageTooLarge.code(),

@@ -1011,6 +1011,21 @@ mod tests {
         assert_eq!(s.load(&tp).unwrap(), full);
     }
 
+    /// Cuts the log file of `dir` right after its last whole frame (the zeros grown ahead of
+    /// the writes go), as a file whose last append filled it exactly; returns how many frames
+    /// it holds.
+    fn end_file_at_last_frame(dir: &std::path::Path) -> usize {
+        let bytes = std::fs::read(log_file(dir)).unwrap();
+        let (frames, valid_end) = frame::valid_prefix(&bytes, 0, 0);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(log_file(dir))
+            .unwrap()
+            .set_len(valid_end)
+            .unwrap();
+        frames.len()
+    }
+
     /// A replayed tail is made durable before it is served, even when no cut is needed: an
     /// append that ended exactly at the file's end and was never synced (the process died
     /// before its fdatasync) would otherwise be served, and its retry acknowledged as a
@@ -1026,29 +1041,15 @@ mod tests {
             s.append(&tp, &writes[0]).unwrap();
         }
         // The file ends where the frame does (no zeros grown ahead to cut).
-        let bytes = std::fs::read(log_file(dir.path())).unwrap();
-        let (frames, valid_end) = frame::valid_prefix(&bytes, 0, 0);
-        assert_eq!(frames.len(), 1);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(log_file(dir.path()))
-            .unwrap()
-            .set_len(valid_end)
-            .unwrap();
+        assert_eq!(end_file_at_last_frame(dir.path()), 1);
         let s = SledStorage::open(dir.path()).unwrap();
         assert_eq!(s.load(&tp).unwrap().high_watermark, 2, "replayed");
         assert_eq!(s.opening_syncs.load(Ordering::SeqCst), 1, "and synced");
         // Opening a log whose every frame is checkpointed syncs nothing.
         s.flush().unwrap();
         drop(s);
-        let bytes = std::fs::read(log_file(dir.path())).unwrap();
+        end_file_at_last_frame(dir.path());
         let s = SledStorage::open(dir.path()).unwrap();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(log_file(dir.path()))
-            .unwrap()
-            .set_len(frame::valid_prefix(&bytes, 0, 0).1)
-            .unwrap();
         s.load(&tp).unwrap();
         assert_eq!(s.opening_syncs.load(Ordering::SeqCst), 0);
     }
