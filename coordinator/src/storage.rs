@@ -8,16 +8,19 @@
 //!   partition, value = big-endian i64 offset);
 //! - per group, what fences its markers (see [`crate::core::write_group_marker`]), tree
 //!   `__group_marker_state`: key = length-prefixed group + `b'p'` + big-endian PID, value =
-//!   big-endian i16 epoch of the last marker applied for that PID; key = length-prefixed group +
+//!   big-endian i16 epoch of the last marker applied for that PID, then the big-endian u64
+//!   number of its transaction when the marker carried one; key = length-prefixed group +
 //!   `b'c'` + big-endian coordinator id, value = big-endian i64 highest generation seen from it.
 //!   [`Storage::apply_group_marker`] writes a marker's offsets and these records in one sled
 //!   transaction over both trees, so a crash never leaves offsets without their fence;
 //! - per group, the transactional offset commits whose transaction's marker has not been
 //!   applied yet (KIP-447, see [`crate::core::PendingTxnOffsets`]), tree
 //!   `__pending_txn_offsets`: key = length-prefixed group + big-endian PID + length-prefixed
-//!   topic + big-endian partition, value = big-endian i64 Unix ms when it was recorded.
+//!   topic + big-endian partition + big-endian i16 epoch of the commit (records written before
+//!   the epoch was kept end at the partition), value = big-endian i64 Unix ms when it was
+//!   recorded.
 //!   [`Storage::apply_group_marker`] removes the marker's PID's records in the same sled
-//!   transaction that writes its offsets;
+//!   transaction that writes its offsets (when the marker ends its transaction);
 //! - in tree `__coordinator_meta`: the coordinator generation (bumped at every start) and the
 //!   PID block bound (see [`crate::core::PidAllocator`]);
 //! - per transactional id, its last [`MAX_EPOCH_HISTORY`] epoch changes
@@ -58,7 +61,8 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
 use crate::core::{
-    EpochChange, GroupMarkerFence, GroupMarkerWrite, PendingOffsets, TxnMetadata, MAX_EPOCH_HISTORY,
+    EpochChange, GroupMarkerFence, GroupMarkerWrite, PendingOffsets, PendingTxnOffsets,
+    TxnMetadata, MAX_EPOCH_HISTORY,
 };
 
 /// Name of the sled tree holding transaction metadata.
@@ -127,6 +131,9 @@ pub struct PendingTxnOffset {
     pub producer_id: ProducerId,
     /// The partition.
     pub partition: TopicPartition,
+    /// The epoch of the commit (`PendingTxnOffsets::UNKNOWN_EPOCH` for a record written before
+    /// the epoch was kept).
+    pub epoch: ProducerEpoch,
     /// When it was recorded (Unix ms).
     pub recorded_ms: i64,
 }
@@ -163,25 +170,27 @@ pub trait Storage: Send + Sync + 'static {
         coordinator_id: NodeId,
     ) -> Result<GroupMarkerFence, StorageError>;
     /// Applies an accepted group marker, atomically: its offsets become the group's committed
-    /// offsets (other partitions kept), its epoch and generation are recorded, and its PID's
-    /// pending transactional offset commits in the group are removed.
+    /// offsets (other partitions kept), its epoch, transaction number and generation are
+    /// recorded, and, when it ends its transaction ([`GroupMarkerWrite::ends_transaction`]),
+    /// its PID's pending transactional offset commits in the group are removed.
     fn apply_group_marker(&self, write: &GroupMarkerWrite) -> Result<(), StorageError>;
-    /// Records, durably, that `producer_id` has a transactional offset commit for
+    /// Records, durably, that (`producer_id`, `epoch`) has a transactional offset commit for
     /// `partitions` of `group` whose marker is not applied yet (recorded at `recorded_ms`).
     fn put_pending_txn_offsets(
         &self,
         group: &str,
         producer_id: ProducerId,
+        epoch: ProducerEpoch,
         partitions: &[TopicPartition],
         recorded_ms: i64,
     ) -> Result<(), StorageError>;
     /// Removes, durably, what [`Storage::put_pending_txn_offsets`] recorded for `producer_id`
-    /// in `group`: for `partitions`, or every partition (`None`: its marker was applied).
+    /// in `group`, for these (partition, epoch) holds.
     fn remove_pending_txn_offsets(
         &self,
         group: &str,
         producer_id: ProducerId,
-        partitions: Option<&[TopicPartition]>,
+        holds: &[(TopicPartition, ProducerEpoch)],
     ) -> Result<(), StorageError>;
     /// Commits `offsets` for `group` outside any transaction (Kafka's OffsetCommit); durable
     /// when this returns.
@@ -301,11 +310,21 @@ fn pending_prefix(group: &str, producer_id: ProducerId) -> Vec<u8> {
     key
 }
 
-fn pending_key(group: &str, producer_id: ProducerId, tp: &TopicPartition) -> Vec<u8> {
+/// The key of a pending commit of (`producer_id`, `epoch`) for `tp`; an `epoch` below 0 (an
+/// entry loaded without one) is the key written before the epoch was kept.
+fn pending_key(
+    group: &str,
+    producer_id: ProducerId,
+    tp: &TopicPartition,
+    epoch: ProducerEpoch,
+) -> Vec<u8> {
     let mut key = pending_prefix(group, producer_id);
     key.extend_from_slice(&(tp.topic.len() as u16).to_be_bytes());
     key.extend_from_slice(tp.topic.as_bytes());
     key.extend_from_slice(&tp.partition.to_be_bytes());
+    if epoch >= 0 {
+        key.extend_from_slice(&epoch.to_be_bytes());
+    }
     key
 }
 
@@ -315,11 +334,18 @@ fn decode_pending(key: &[u8], value: &[u8]) -> Option<PendingTxnOffset> {
     let group = std::str::from_utf8(key.get(2..2 + len)?).ok()?;
     let producer_id = i64::from_be_bytes(key.get(2 + len..10 + len)?.try_into().ok()?);
     let partition = decode_offset_key(10 + len, key)?;
+    let end = 10 + len + 2 + partition.topic.len() + 4;
+    let epoch = match key.get(end..)? {
+        [] => PendingTxnOffsets::UNKNOWN_EPOCH,
+        [a, b] => ProducerEpoch::from_be_bytes([*a, *b]),
+        _ => return None,
+    };
     let recorded_ms = i64::from_be_bytes(value.try_into().ok()?);
     Some(PendingTxnOffset {
         group: group.to_string(),
         producer_id,
         partition,
+        epoch,
         recorded_ms,
     })
 }
@@ -329,6 +355,32 @@ fn coordinator_fence_key(group: &str, coordinator_id: NodeId) -> Vec<u8> {
     key.push(b'c');
     key.extend_from_slice(&coordinator_id.to_be_bytes());
     key
+}
+
+/// The value of a PID's fence record: the epoch, then the transaction number when known.
+fn encode_pid_fence(epoch: ProducerEpoch, number: Option<u64>) -> Vec<u8> {
+    let mut value = epoch.to_be_bytes().to_vec();
+    if let Some(number) = number {
+        value.extend_from_slice(&number.to_be_bytes());
+    }
+    value
+}
+
+/// Decodes [`encode_pid_fence`] (a bare epoch was written before the numbers existed).
+fn decode_pid_fence(
+    key: &[u8],
+    value: &[u8],
+) -> Result<(ProducerEpoch, Option<u64>), StorageError> {
+    match value.len() {
+        2 => Ok((ProducerEpoch::from_be_bytes(decode_be(key, value)?), None)),
+        _ => {
+            let [a, b, number @ ..] = decode_be::<10>(key, value)?;
+            Ok((
+                ProducerEpoch::from_be_bytes([a, b]),
+                Some(u64::from_be_bytes(number)),
+            ))
+        }
+    }
 }
 
 /// Decodes a fixed-size big-endian value stored under `key`.
@@ -586,9 +638,12 @@ impl Storage for SledStorage {
             Ok(self.markers.get(key)?)
         };
         let pid_key = pid_fence_key(group, producer_id);
-        let producer_epoch = match read(pid_key.clone())? {
-            None => None,
-            Some(v) => Some(ProducerEpoch::from_be_bytes(decode_be(&pid_key, &v)?)),
+        let (producer_epoch, transaction_number) = match read(pid_key.clone())? {
+            None => (None, None),
+            Some(v) => {
+                let (epoch, number) = decode_pid_fence(&pid_key, &v)?;
+                (Some(epoch), number)
+            }
         };
         let coordinator_key = coordinator_fence_key(group, coordinator_id);
         let coordinator_generation = match read(coordinator_key.clone())? {
@@ -598,6 +653,7 @@ impl Storage for SledStorage {
         Ok(GroupMarkerFence {
             producer_epoch,
             coordinator_generation,
+            transaction_number,
         })
     }
 
@@ -610,11 +666,15 @@ impl Storage for SledStorage {
             .collect();
         let pid_key = pid_fence_key(group, write.producer_id);
         let coordinator_key = coordinator_fence_key(group, write.coordinator_id);
-        let completed = self
-            .pending
-            .scan_prefix(pending_prefix(group, write.producer_id))
-            .keys()
-            .collect::<Result<Vec<_>, _>>()?;
+        let completed = if write.ends_transaction {
+            self.pending
+                .scan_prefix(pending_prefix(group, write.producer_id))
+                .keys()
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
+        let pid_fence = encode_pid_fence(write.producer_epoch, write.transaction_number);
         // One transaction over the trees: the offsets never become durable without the
         // fence that keeps an older marker from overwriting them, nor while still pending.
         (&self.offsets, &self.markers, &self.pending)
@@ -625,7 +685,7 @@ impl Storage for SledStorage {
                 for key in &completed {
                     pending_tree.remove(key)?;
                 }
-                markers_tree.insert(pid_key.as_slice(), &write.producer_epoch.to_be_bytes())?;
+                markers_tree.insert(pid_key.as_slice(), pid_fence.as_slice())?;
                 markers_tree.insert(
                     coordinator_key.as_slice(),
                     &write.coordinator_generation.to_be_bytes(),
@@ -643,13 +703,14 @@ impl Storage for SledStorage {
         &self,
         group: &str,
         producer_id: ProducerId,
+        epoch: ProducerEpoch,
         partitions: &[TopicPartition],
         recorded_ms: i64,
     ) -> Result<(), StorageError> {
         let mut batch = sled::Batch::default();
         for tp in partitions {
             batch.insert(
-                pending_key(group, producer_id, tp),
+                pending_key(group, producer_id, tp, epoch),
                 &recorded_ms.to_be_bytes()[..],
             );
         }
@@ -661,22 +722,11 @@ impl Storage for SledStorage {
         &self,
         group: &str,
         producer_id: ProducerId,
-        partitions: Option<&[TopicPartition]>,
+        holds: &[(TopicPartition, ProducerEpoch)],
     ) -> Result<(), StorageError> {
-        let keys = match partitions {
-            Some(partitions) => partitions
-                .iter()
-                .map(|tp| pending_key(group, producer_id, tp).into())
-                .collect(),
-            None => self
-                .pending
-                .scan_prefix(pending_prefix(group, producer_id))
-                .keys()
-                .collect::<Result<Vec<sled::IVec>, _>>()?,
-        };
         let mut batch = sled::Batch::default();
-        for key in keys {
-            batch.remove(key);
+        for (tp, epoch) in holds {
+            batch.remove(pending_key(group, producer_id, tp, *epoch));
         }
         self.pending.apply_batch(batch)?;
         self.durable()
@@ -730,13 +780,14 @@ struct MemoryState {
     fences: BTreeMap<String, MemoryFences>,
     generation: i64,
     pid_block_end: i64,
-    /// (group, PID, partition) -> recorded ms.
-    pending: BTreeMap<(String, ProducerId, TopicPartition), i64>,
+    /// (group, PID, partition, epoch) -> recorded ms.
+    pending: BTreeMap<(String, ProducerId, TopicPartition, ProducerEpoch), i64>,
 }
 
 #[derive(Debug, Default)]
 struct MemoryFences {
-    epochs: BTreeMap<ProducerId, ProducerEpoch>,
+    /// Per PID: the epoch and the transaction number.
+    epochs: BTreeMap<ProducerId, (ProducerEpoch, Option<u64>)>,
     generations: BTreeMap<NodeId, i64>,
 }
 
@@ -762,10 +813,11 @@ impl Storage for MemoryStorage {
                 .pending
                 .iter()
                 .map(
-                    |((group, producer_id, partition), recorded_ms)| PendingTxnOffset {
+                    |((group, producer_id, partition, epoch), recorded_ms)| PendingTxnOffset {
                         group: group.clone(),
                         producer_id: *producer_id,
                         partition: partition.clone(),
+                        epoch: *epoch,
                         recorded_ms: *recorded_ms,
                     },
                 )
@@ -801,10 +853,12 @@ impl Storage for MemoryStorage {
     ) -> Result<GroupMarkerFence, StorageError> {
         Ok(self.with(|s| {
             let fences = s.fences.get(group);
+            let pid = fences.and_then(|f| f.epochs.get(&producer_id).copied());
             GroupMarkerFence {
-                producer_epoch: fences.and_then(|f| f.epochs.get(&producer_id).copied()),
+                producer_epoch: pid.map(|(epoch, _)| epoch),
                 coordinator_generation: fences
                     .and_then(|f| f.generations.get(&coordinator_id).copied()),
+                transaction_number: pid.and_then(|(_, number)| number),
             }
         }))
     }
@@ -814,14 +868,18 @@ impl Storage for MemoryStorage {
             let stored = s.offsets.entry(write.group_id.clone()).or_default();
             stored.extend(write.offsets.iter().map(|(tp, o)| (tp.clone(), *o)));
             let fences = s.fences.entry(write.group_id.clone()).or_default();
-            fences
-                .epochs
-                .insert(write.producer_id, write.producer_epoch);
+            fences.epochs.insert(
+                write.producer_id,
+                (write.producer_epoch, write.transaction_number),
+            );
             fences
                 .generations
                 .insert(write.coordinator_id, write.coordinator_generation);
-            s.pending
-                .retain(|(g, pid, _), _| !(g == &write.group_id && *pid == write.producer_id));
+            if write.ends_transaction {
+                s.pending.retain(|(g, pid, _, _), _| {
+                    !(g == &write.group_id && *pid == write.producer_id)
+                });
+            }
         });
         Ok(())
     }
@@ -830,13 +888,16 @@ impl Storage for MemoryStorage {
         &self,
         group: &str,
         producer_id: ProducerId,
+        epoch: ProducerEpoch,
         partitions: &[TopicPartition],
         recorded_ms: i64,
     ) -> Result<(), StorageError> {
         self.with(|s| {
             for tp in partitions {
-                s.pending
-                    .insert((group.to_string(), producer_id, tp.clone()), recorded_ms);
+                s.pending.insert(
+                    (group.to_string(), producer_id, tp.clone(), epoch),
+                    recorded_ms,
+                );
             }
         });
         Ok(())
@@ -846,14 +907,13 @@ impl Storage for MemoryStorage {
         &self,
         group: &str,
         producer_id: ProducerId,
-        partitions: Option<&[TopicPartition]>,
+        holds: &[(TopicPartition, ProducerEpoch)],
     ) -> Result<(), StorageError> {
         self.with(|s| {
-            s.pending.retain(|(g, pid, tp), _| {
-                !(g == group
-                    && *pid == producer_id
-                    && partitions.is_none_or(|only| only.contains(tp)))
-            })
+            for (tp, epoch) in holds {
+                s.pending
+                    .remove(&(group.to_string(), producer_id, tp.clone(), *epoch));
+            }
         });
         Ok(())
     }
@@ -918,8 +978,10 @@ mod tests {
                     offsets,
                     producer_id: pid,
                     producer_epoch: epoch,
+                    transaction_number: Some(epoch as u64 + 10),
                     coordinator_id: 1,
                     coordinator_generation: generation,
+                    ends_transaction: true,
                 })
                 .unwrap()
         };
@@ -936,9 +998,10 @@ mod tests {
             [(tp("t", 0), 9), (tp("t", 1), 6)].into()
         );
         assert!(store.group_offsets("none").unwrap().is_empty());
-        let fence = |epoch, generation| GroupMarkerFence {
+        let fence = |epoch: Option<i16>, generation| GroupMarkerFence {
             producer_epoch: epoch,
             coordinator_generation: generation,
+            transaction_number: epoch.map(|e| e as u64 + 10),
         };
         assert_eq!(
             store.group_marker_fence("g", 7, 1).unwrap(),
@@ -990,8 +1053,52 @@ mod tests {
             GroupMarkerFence {
                 producer_epoch: Some(2),
                 coordinator_generation: Some(3),
+                transaction_number: Some(12),
             }
         );
+    }
+
+    #[test]
+    fn a_pid_fence_without_a_transaction_number_reads_as_not_known() {
+        // A marker that carried no number, and a record written before the numbers existed
+        // (a bare epoch).
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStorage::open(dir.path()).unwrap();
+        store
+            .apply_group_marker(&GroupMarkerWrite {
+                group_id: "g".into(),
+                offsets: PendingOffsets::new(),
+                producer_id: 7,
+                producer_epoch: 3,
+                transaction_number: None,
+                coordinator_id: 1,
+                coordinator_generation: 1,
+                ends_transaction: true,
+            })
+            .unwrap();
+        let fence = store.group_marker_fence("g", 7, 1).unwrap();
+        assert_eq!(
+            (fence.producer_epoch, fence.transaction_number),
+            (Some(3), None)
+        );
+        store
+            .markers
+            .insert(pid_fence_key("g", 8), &5i16.to_be_bytes())
+            .unwrap();
+        let fence = store.group_marker_fence("g", 8, 1).unwrap();
+        assert_eq!(
+            (fence.producer_epoch, fence.transaction_number),
+            (Some(5), None)
+        );
+        // Anything else is corrupt, not a guess.
+        store
+            .markers
+            .insert(pid_fence_key("g", 9), &[1u8, 2, 3])
+            .unwrap();
+        assert!(matches!(
+            store.group_marker_fence("g", 9, 1),
+            Err(StorageError::Corrupt { .. })
+        ));
     }
 
     /// `n` epoch changes of `id`, each written as the service writes them.
@@ -1008,58 +1115,72 @@ mod tests {
         meta
     }
 
-    /// Pending transactional offsets: recorded, removed per partition, removed with their
-    /// PID's group marker (and only that PID's, only in that group), read back by `load`.
+    /// Pending transactional offsets: recorded per epoch, removed per (partition, epoch),
+    /// removed with their PID's group marker when it ends the transaction (and only that
+    /// PID's, only in that group), kept by a repeated one, read back by `load`.
     fn pending_offsets(store: &dyn Storage) {
         let tp = |p| TopicPartition::new("input", p);
-        let pending = |group: &str, producer_id, p, recorded_ms| PendingTxnOffset {
+        let pending = |group: &str, producer_id, epoch, p, recorded_ms| PendingTxnOffset {
             group: group.to_string(),
             producer_id,
             partition: tp(p),
+            epoch,
             recorded_ms,
         };
         store
-            .put_pending_txn_offsets("g", 7, &[tp(0), tp(1), tp(2)], 100)
+            .put_pending_txn_offsets("g", 7, 1, &[tp(0), tp(1), tp(2)], 100)
+            .unwrap();
+        // A zombie of PID 7 at an older epoch, for a partition the live instance holds too.
+        store
+            .put_pending_txn_offsets("g", 7, 0, &[tp(1)], 150)
             .unwrap();
         store
-            .put_pending_txn_offsets("g", 8, &[tp(0)], 200)
+            .put_pending_txn_offsets("g", 8, 0, &[tp(0)], 200)
             .unwrap();
         store
-            .put_pending_txn_offsets("h", 7, &[tp(0)], 300)
+            .put_pending_txn_offsets("h", 7, 1, &[tp(0)], 300)
             .unwrap();
         store
-            .remove_pending_txn_offsets("g", 7, Some(&[tp(2)]))
+            .remove_pending_txn_offsets("g", 7, &[(tp(2), 1), (tp(1), 0)])
             .unwrap();
         let mut loaded = store.load().unwrap().pending_txn_offsets;
         loaded.sort();
         assert_eq!(
             loaded,
             vec![
-                pending("g", 7, 0, 100),
-                pending("g", 7, 1, 100),
-                pending("g", 8, 0, 200),
-                pending("h", 7, 0, 300),
+                pending("g", 7, 1, 0, 100),
+                pending("g", 7, 1, 1, 100),
+                pending("g", 8, 0, 0, 200),
+                pending("h", 7, 1, 0, 300),
             ]
         );
+        let marker = |ends_transaction| GroupMarkerWrite {
+            group_id: "g".into(),
+            producer_id: 7,
+            producer_epoch: 2,
+            transaction_number: Some(1),
+            coordinator_id: 1,
+            coordinator_generation: 1,
+            offsets: [(tp(0), 42)].into(),
+            ends_transaction,
+        };
+        // A repeat that records a generation keeps them (the service ends what it must).
+        store.apply_group_marker(&marker(false)).unwrap();
+        assert_eq!(store.load().unwrap().pending_txn_offsets.len(), 4);
         // PID 7's marker for g: its offsets applied, its pending records gone with them.
-        store
-            .apply_group_marker(&GroupMarkerWrite {
-                group_id: "g".into(),
-                producer_id: 7,
-                producer_epoch: 1,
-                coordinator_id: 1,
-                coordinator_generation: 1,
-                offsets: [(tp(0), 42)].into(),
-            })
-            .unwrap();
+        store.apply_group_marker(&marker(true)).unwrap();
         let mut loaded = store.load().unwrap().pending_txn_offsets;
         loaded.sort();
         assert_eq!(
             loaded,
-            vec![pending("g", 8, 0, 200), pending("h", 7, 0, 300)]
+            vec![pending("g", 8, 0, 0, 200), pending("h", 7, 1, 0, 300)]
         );
-        store.remove_pending_txn_offsets("g", 8, None).unwrap();
-        store.remove_pending_txn_offsets("h", 7, None).unwrap();
+        store
+            .remove_pending_txn_offsets("g", 8, &[(tp(0), 0)])
+            .unwrap();
+        store
+            .remove_pending_txn_offsets("h", 7, &[(tp(0), 1)])
+            .unwrap();
         assert!(store.load().unwrap().pending_txn_offsets.is_empty());
     }
 
@@ -1074,21 +1195,43 @@ mod tests {
                 .put_pending_txn_offsets(
                     "group-with-a-long-name",
                     9,
+                    4,
                     &[TopicPartition::new("t", 3)],
                     5,
                 )
                 .unwrap();
+            // A record written before the epoch was kept: its key ends at the partition.
+            let legacy = pending_key("g", 9, &TopicPartition::new("t", 1), -1);
+            store.pending.insert(legacy, &6i64.to_be_bytes()).unwrap();
         }
         let store = SledStorage::open(dir.path()).unwrap();
+        let mut loaded = store.load().unwrap().pending_txn_offsets;
+        loaded.sort();
+        let legacy = PendingTxnOffset {
+            group: "g".into(),
+            producer_id: 9,
+            partition: TopicPartition::new("t", 1),
+            epoch: PendingTxnOffsets::UNKNOWN_EPOCH,
+            recorded_ms: 6,
+        };
         assert_eq!(
-            store.load().unwrap().pending_txn_offsets,
-            vec![PendingTxnOffset {
-                group: "group-with-a-long-name".into(),
-                producer_id: 9,
-                partition: TopicPartition::new("t", 3),
-                recorded_ms: 5,
-            }]
+            loaded,
+            vec![
+                legacy.clone(),
+                PendingTxnOffset {
+                    group: "group-with-a-long-name".into(),
+                    producer_id: 9,
+                    partition: TopicPartition::new("t", 3),
+                    epoch: 4,
+                    recorded_ms: 5,
+                },
+            ]
         );
+        // The legacy record is removed by its own hold.
+        store
+            .remove_pending_txn_offsets("g", 9, &[(legacy.partition, legacy.epoch)])
+            .unwrap();
+        assert_eq!(store.load().unwrap().pending_txn_offsets.len(), 1);
     }
 
     #[test]

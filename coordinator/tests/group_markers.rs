@@ -22,6 +22,10 @@ struct Marker {
     offsets: Vec<(&'static str, i32, i64)>,
     coordinator_id: i32,
     generation: i64,
+    /// The client transaction version (2 unless [`Marker::v1`]).
+    version: i32,
+    /// The transaction's number (0: not said).
+    number: u64,
 }
 
 impl Marker {
@@ -34,7 +38,16 @@ impl Marker {
             offsets: offsets.to_vec(),
             coordinator_id: 7,
             generation: 3,
+            version: 2,
+            number: 0,
         }
+    }
+
+    /// The same marker as transaction version 1, for the id's transaction number `number`.
+    fn v1(mut self, number: u64) -> Self {
+        self.version = 1;
+        self.number = number;
+        self
     }
 
     fn abort(group: &str, pid: i64, epoch: i32) -> Self {
@@ -75,7 +88,8 @@ impl Marker {
             coordinator_generation: self.generation,
             transactional_id: testkit::auth::id_owned_by(topology, self.coordinator_id),
             auth: None,
-            transaction_version: 2,
+            transaction_version: self.version,
+            transaction_number: self.number,
         };
         testkit::auth::sign(topology, self.coordinator_id, &mut request);
         let r = client
@@ -318,10 +332,11 @@ async fn a_group_holding_a_newer_epoch_acknowledges_an_abort_but_never_completes
 /// A group marker repeated at its epoch (transaction version 2: nothing applied) ends only what
 /// is left of the transaction it closed. The PID's next transaction runs at the marker's epoch:
 /// its offsets, committed meanwhile, stay pending until its own marker (KIP-447), so a stable
-/// OffsetFetch never answers the offset from before it.
+/// OffsetFetch never answers the offset from before it; also after the group's coordinator
+/// restarted (the disk keeps each pending commit's epoch).
 #[tokio::test]
 async fn a_repeated_group_marker_keeps_the_next_transactions_offsets_pending() {
-    let cluster = Cluster::start(1).await;
+    let mut cluster = Cluster::start(1).await;
     let topology = cluster.topology.clone();
     let mut c = cluster.client(1).await;
     let mut t = Txn::new(c.clone(), "txn-repeat-pending");
@@ -341,9 +356,116 @@ async fn a_repeated_group_marker_keeps_the_next_transactions_offsets_pending() {
         ErrorCode::UnstableOffsetCommit,
         "the next transaction's offset is pending until its marker"
     );
+    cluster.restart(1).await;
+    let mut c = cluster.client(1).await;
+    t.client = c.clone();
+    assert_eq!(
+        repeat.clone().from(1, 2).send_in(&topology, &mut c).await,
+        ErrorCode::None
+    );
+    let (code, _) = offset_fetch_as(&mut c, "g", vec![tp("t", 0)], true).await;
+    assert_eq!(
+        code,
+        ErrorCode::UnstableOffsetCommit,
+        "still pending after a restart"
+    );
     t.end(first, true).await;
     t.wait_state(TxnState::CompleteCommit).await;
     let (code, stable) = offset_fetch_as(&mut c, "g", vec![tp("t", 0)], true).await;
     assert_eq!(code, ErrorCode::None);
     assert_eq!(stable, vec![("t".to_string(), 0, 50)]);
+}
+
+/// Transaction version 1 keeps the epoch across a PID's transactions, so the transaction's
+/// number tells a marker sent again from the next transaction's: sent again (delayed, or by
+/// its restarted coordinator), a COMMIT never puts back offsets that another producer of the
+/// group committed since, also after the group's coordinator restarted; the PID's next
+/// transaction, at the same epoch, applies.
+#[tokio::test]
+async fn a_version_1_marker_sent_again_never_moves_offsets_back() {
+    let mut cluster = Cluster::start_with_ghosts(1, &[7], |_| {}).await;
+    let topology = cluster.topology.clone();
+    let mut c = cluster.client(1).await;
+    let group = cluster.id_owned_by(1, "group-v1");
+    let g = group.as_str();
+
+    let txn1 = Marker::commit(g, 1000, 5, &[("t", 0, 10), ("t", 1, 11)]).v1(1);
+    assert_eq!(txn1.send_in(&topology, &mut c).await, ErrorCode::None);
+    assert_eq!(offsets(&mut c, g).await, (10, 11));
+    // After a rebalance another producer commits t-0 = 20.
+    assert_eq!(
+        Marker::commit(g, 2000, 0, &[("t", 0, 20)])
+            .send_in(&topology, &mut c)
+            .await,
+        ErrorCode::None
+    );
+    // Transaction 1's marker again: delayed, and re-sent by its restarted coordinator.
+    assert_eq!(txn1.send_in(&topology, &mut c).await, ErrorCode::None);
+    let resent = txn1.clone().from(7, 4);
+    assert_eq!(resent.send_in(&topology, &mut c).await, ErrorCode::None);
+    assert_eq!(offsets(&mut c, g).await, (20, 11), "nothing moved back");
+    cluster.restart(1).await;
+    let mut c = cluster.client(1).await;
+    assert_eq!(resent.send_in(&topology, &mut c).await, ErrorCode::None);
+    assert_eq!(offsets(&mut c, g).await, (20, 11), "the number is durable");
+
+    // Transaction 2 of the PID, at the same epoch: applied.
+    let txn2 = Marker::commit(g, 1000, 5, &[("t", 1, 30)]).v1(2).from(7, 4);
+    assert_eq!(txn2.send_in(&topology, &mut c).await, ErrorCode::None);
+    assert_eq!(offsets(&mut c, g).await, (20, 30));
+    // A sender that does not number its transactions (0) is applied as before the numbers.
+    let unnumbered = Marker::commit(g, 1000, 5, &[("t", 1, 31)]).v1(0).from(7, 4);
+    assert_eq!(unnumbered.send_in(&topology, &mut c).await, ErrorCode::None);
+    assert_eq!(offsets(&mut c, g).await, (20, 31));
+}
+
+/// The real writer, end to end: a version-1 transaction commits offsets to a group on another
+/// coordinator and stays in PrepareCommit (a leader does not acknowledge); another producer of
+/// the group commits newer offsets; the transaction's coordinator restarts and sends the
+/// markers again. The group keeps the newer offsets, the transaction completes, and the PID's
+/// next transaction (same epoch) commits.
+#[tokio::test]
+async fn a_restarted_coordinator_resending_a_version_1_commit_keeps_newer_offsets() {
+    let mut cluster = Cluster::start(2).await;
+    let id = cluster.id_owned_by(1, "txn-v1-resend");
+    let other = cluster.id_owned_by(1, "txn-v1-other");
+    let group = cluster.id_owned_by(2, "group");
+    let mut gc = cluster.client(2).await;
+    let mut t = Txn::v1(cluster.client(1).await, &id);
+
+    let pe = t.init().await;
+    cluster.leaders[0].set_ack(false);
+    assert_eq!(t.add(pe, vec![tp("t", 0)]).await, ErrorCode::None);
+    assert_eq!(t.add_offsets(pe, &group).await, ErrorCode::None);
+    assert_eq!(
+        t.commit_offsets(pe, &group, &[("t", 0, 100)]).await,
+        ErrorCode::None
+    );
+    assert_eq!(t.end(pe, true).await, pe, "version 1 keeps the epoch");
+    eventually("the group marker applied", || {
+        let mut gc = gc.clone();
+        let group = group.clone();
+        async move { (offsets(&mut gc, &group).await.0 == 100).then_some(()) }
+    })
+    .await;
+    assert_eq!(t.describe().await.state, TxnState::PrepareCommit as i32);
+
+    let mut o = Txn::new(cluster.client(1).await, &other);
+    let ope = o.init().await;
+    commit_offset(&mut o, ope, &group, 200).await;
+    assert_eq!(offsets(&mut gc, &group).await.0, 200);
+
+    cluster.restart(1).await;
+    cluster.leaders[0].set_ack(true);
+    t.client = cluster.client(1).await;
+    t.wait_state(TxnState::CompleteCommit).await;
+    assert_eq!(
+        offsets(&mut gc, &group).await.0,
+        200,
+        "the re-sent marker did not move the group back"
+    );
+
+    let next = commit_offset(&mut t, pe, &group, 300).await;
+    assert_eq!(next, pe);
+    assert_eq!(offsets(&mut gc, &group).await.0, 300);
 }

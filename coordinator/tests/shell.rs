@@ -123,6 +123,7 @@ impl Storage for TestStorage {
         &self,
         group: &str,
         producer_id: i64,
+        epoch: i16,
         partitions: &[cluster::TopicPartition],
         recorded_ms: i64,
     ) -> Result<(), StorageError> {
@@ -135,17 +136,17 @@ impl Storage for TestStorage {
             }
         }
         self.inner
-            .put_pending_txn_offsets(group, producer_id, partitions, recorded_ms)
+            .put_pending_txn_offsets(group, producer_id, epoch, partitions, recorded_ms)
     }
     fn remove_pending_txn_offsets(
         &self,
         group: &str,
         producer_id: i64,
-        partitions: Option<&[cluster::TopicPartition]>,
+        holds: &[(cluster::TopicPartition, i16)],
     ) -> Result<(), StorageError> {
         self.check()?;
         self.inner
-            .remove_pending_txn_offsets(group, producer_id, partitions)
+            .remove_pending_txn_offsets(group, producer_id, holds)
     }
     fn commit_group_offsets(
         &self,
@@ -495,11 +496,11 @@ async fn expired_pending_offsets_are_removed_at_start() {
     let old = now - 2 * i64::from(cluster::MAX_TRANSACTION_TIMEOUT_MS) - 1_000;
     storage
         .inner
-        .put_pending_txn_offsets("g", 7, &[cluster::TopicPartition::new("t", 0)], old)
+        .put_pending_txn_offsets("g", 7, 0, &[cluster::TopicPartition::new("t", 0)], old)
         .unwrap();
     storage
         .inner
-        .put_pending_txn_offsets("g", 8, &[cluster::TopicPartition::new("t", 1)], now)
+        .put_pending_txn_offsets("g", 8, 0, &[cluster::TopicPartition::new("t", 1)], now)
         .unwrap();
     storage.open_gate();
     let (client, stop, task) = serve_on(&cluster, storage.clone()).await;

@@ -235,6 +235,7 @@ async fn forged_group_offset_markers_are_refused() {
         transactional_id: txid.into(),
         auth: None,
         transaction_version: 2,
+        transaction_number: 1,
     };
     let mut client = coordinator_client(&group_coordinator.address).await;
     // From "coordinator 999", unsigned; and from the member that does not own the id.
@@ -312,6 +313,9 @@ async fn a_replayed_marker_is_refused_and_changes_nothing() {
             transactional_id: txid.into(),
             auth: None,
             transaction_version: 1,
+            // Not numbered: each marker at the epoch is a new transaction, so only the replay
+            // guard tells a replay apart.
+            transaction_number: 0,
         };
         sign(cluster.cluster_secret(), owner, &topology, &mut r);
         r

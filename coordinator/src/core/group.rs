@@ -29,14 +29,38 @@ pub struct GroupMarker {
     /// The sender's generation (bumped at each of its starts).
     pub coordinator_generation: i64,
     /// The transaction's client transaction version: under version 1 transactions of a PID
-    /// share an epoch, so an equal epoch is the next transaction, not a repeat.
+    /// share an epoch, so an equal epoch is the next transaction, unless
+    /// `transaction_number` says it is the same one.
     pub transaction_version: TransactionVersion,
+    /// The transaction's number among its transactional id's (1, 2, ...: increasing per PID,
+    /// whatever the version); 0 when the sender did not say (a transaction begun before
+    /// the numbers existed).
+    pub transaction_number: u64,
 }
 
 /// What the group's coordinator has recorded, for one group, about a marker's sender: the
 /// fencing state [`write_group_marker`] checks a marker against (the shared
-/// [`cluster::marker_fence::Recorded`]).
-pub type GroupMarkerFence = marker_fence::Recorded;
+/// [`cluster::marker_fence::Recorded`]), and the number of the PID's last transaction applied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupMarkerFence {
+    /// The epoch of the last marker applied for the PID (`None`: never).
+    pub producer_epoch: Option<ProducerEpoch>,
+    /// The highest generation seen from the marker's coordinator (`None`: never).
+    pub coordinator_generation: Option<i64>,
+    /// The number of the last transaction of the PID applied (`None`: never, or not known: a
+    /// marker without a number, or recorded before the numbers existed).
+    pub transaction_number: Option<u64>,
+}
+
+impl GroupMarkerFence {
+    /// The part the shared marker rule checks.
+    pub fn recorded(&self) -> marker_fence::Recorded {
+        marker_fence::Recorded {
+            producer_epoch: self.producer_epoch,
+            coordinator_generation: self.coordinator_generation,
+        }
+    }
+}
 
 /// What an accepted group marker writes, atomically and durably before the reply: the
 /// offsets (empty for an ABORT or a repeat) and the new fencing state of the marker's PID
@@ -51,10 +75,16 @@ pub struct GroupMarkerWrite {
     pub producer_id: ProducerId,
     /// The epoch to record for `producer_id`.
     pub producer_epoch: ProducerEpoch,
+    /// The transaction number to record for `producer_id` (`None`: not known).
+    pub transaction_number: Option<u64>,
     /// The coordinator whose generation is recorded.
     pub coordinator_id: NodeId,
     /// The generation to record for `coordinator_id`.
     pub coordinator_generation: i64,
+    /// The marker ends its transaction here (applied): the pending offsets of every epoch of
+    /// the PID end with it. `false`: the same marker again, from a newer generation of its
+    /// coordinator, which records only that generation (see [`PendingTxnOffsets::complete`]).
+    pub ends_transaction: bool,
 }
 
 /// The group coordinator's fencing of a group marker, the way a partition leader fences
@@ -67,8 +97,8 @@ pub struct GroupMarkerWrite {
 /// | epoch below the PID's recorded epoch          | INVALID_PRODUCER_EPOCH         | nothing |
 /// | generation below the coordinator's recorded   | TRANSACTION_COORDINATOR_FENCED | nothing |
 /// | epoch equal (the same marker again)           | NONE                           | only a higher generation, no offsets |
-/// | epoch equal, transaction version 1            | NONE                           | as for a higher epoch |
-/// | epoch above, or a PID never seen              | NONE                           | COMMIT: offsets; both: epoch + generation |
+/// | epoch equal, version 1, a higher transaction number (or none known) | NONE   | as for a higher epoch |
+/// | epoch above, or a PID never seen              | NONE                           | COMMIT: offsets; both: epoch, number, generation |
 ///
 /// Why this is enough: every transaction ends with an epoch bump, so each transaction's
 /// marker carries an epoch no earlier marker of its PID had, and a PID's next transaction
@@ -76,6 +106,13 @@ pub struct GroupMarkerWrite {
 /// transaction therefore always has a lower epoch than what the group already applied, and
 /// cannot move its offsets backwards. Equal epoch with another result or other offsets cannot
 /// happen (one transaction, one decision); it is answered as a repeat all the same.
+///
+/// Version 1 keeps the epoch across transactions, so there the transaction number decides: a
+/// marker sent again (its coordinator restarted with the transaction still in Prepare*, or an
+/// earlier attempt delayed in the network) carries the number already applied and writes no
+/// offsets, even when another producer of the group committed newer ones since; the next
+/// transaction carries a higher one. (Kafka's version 1 applies such a late repeat to whatever
+/// is pending; this project's marker carries the offsets, so it would move them back.)
 pub fn write_group_marker(
     fence: &GroupMarkerFence,
     marker: GroupMarker,
@@ -89,6 +126,7 @@ pub fn write_group_marker(
         coordinator_id,
         coordinator_generation,
         transaction_version,
+        transaction_number,
     } = marker;
     if producer_id < 0 || epoch < 0 || coordinator_generation < 0 {
         return Err(TxnError::InvalidRequest(format!(
@@ -108,19 +146,27 @@ pub fn write_group_marker(
             ))
         }
     };
-    let decision = match marker_fence::check(*fence, epoch, coordinator_generation) {
+    let number = (transaction_number > 0).then_some(transaction_number);
+    let decision = match marker_fence::check(fence.recorded(), epoch, coordinator_generation) {
         Err(fenced) => return Err(recorded(fenced)),
-        // Version 1 keeps the epoch across transactions: an equal epoch is applied again (a true
-        // repeat writes the same offsets; Kafka's version 1 has the same hole for a late repeat).
-        Ok(_) if transaction_version == TransactionVersion::V1 => Decision::Apply,
+        // Version 1 keeps the epoch across transactions: at an equal epoch, a marker is the
+        // next transaction unless both numbers are known and it is not above the one applied.
+        Ok(decision @ (Decision::Nothing | Decision::RecordGeneration))
+            if transaction_version == TransactionVersion::V1 =>
+        {
+            match (number, fence.transaction_number) {
+                (Some(n), Some(applied)) if n <= applied => decision,
+                _ => Decision::Apply,
+            }
+        }
         Ok(decision) => decision,
     };
-    let offsets = match decision {
+    let (offsets, transaction_number) = match decision {
         Decision::Nothing => return Ok(None),
-        Decision::RecordGeneration => PendingOffsets::new(),
+        Decision::RecordGeneration => (PendingOffsets::new(), fence.transaction_number),
         Decision::Apply => match result {
-            TxnResult::Commit => offsets,
-            TxnResult::Abort => PendingOffsets::new(),
+            TxnResult::Commit => (offsets, number),
+            TxnResult::Abort => (PendingOffsets::new(), number),
         },
     };
     Ok(Some(GroupMarkerWrite {
@@ -128,8 +174,10 @@ pub fn write_group_marker(
         offsets,
         producer_id,
         producer_epoch: epoch,
+        transaction_number,
         coordinator_id,
         coordinator_generation,
+        ends_transaction: decision == Decision::Apply,
     }))
 }
 
@@ -150,11 +198,13 @@ pub fn write_group_marker(
 /// the same transaction) never clears what an accepted one relies on. A marker ends the holds of
 /// the transaction it closes ([`Self::complete`]): every epoch of the PID when it is applied
 /// (the transaction is still in Prepare* then, so no later transaction of the PID has an accepted
-/// commit yet), only the epochs before the marker's when it is a version-2 repeat (the next
-/// transaction of the PID runs at the marker's epoch and may already have commits here).
+/// commit yet), only the epochs before the marker's when it is a repeat (the next transaction
+/// of the PID runs at the marker's epoch, under either version, and may already have commits
+/// here).
 ///
 /// The service keeps this picture durable (`Storage::put_pending_txn_offsets`, one record per
-/// group, PID and partition, kept while any epoch holds it), so a restarted coordinator still
+/// group, PID, epoch and partition, kept while a commit of that epoch holds it), so a
+/// restarted coordinator still
 /// answers UNSTABLE_OFFSET_COMMIT until the marker, which the transaction's coordinator re-sends,
 /// arrives. Each entry carries the time it was recorded, and one older than `max_age_ms` no
 /// longer counts ([`Self::is_pending`]): no transaction lives longer than the maximum
@@ -165,9 +215,10 @@ pub fn write_group_marker(
 /// Both faces track it: Kafka clients and our own client send TxnOffsetCommit to the group's
 /// coordinator. CAVEATS: a TxnOffsetCommit sent straight to the transaction's coordinator (a
 /// client older than this, or a node that does not coordinate the group) is not tracked. The
-/// disk keeps neither the epoch nor the holds: an entry loaded at start has
-/// [`Self::UNKNOWN_EPOCH`], so any marker of its PID ends it (a version-2 repeat too, even one
-/// that ends the transaction before the entry's).
+/// disk keeps the epoch but not the count of the holds: an entry loaded at start is one hold
+/// (the commits of that epoch are one transaction, which one marker ends). An entry written
+/// before the disk kept epochs loads with [`Self::UNKNOWN_EPOCH`], so any marker of its PID
+/// ends it.
 #[derive(Clone, Debug, Default)]
 pub struct PendingTxnOffsets {
     /// Group -> partition -> the commits holding it.
@@ -187,8 +238,8 @@ struct Hold {
 }
 
 impl PendingTxnOffsets {
-    /// The epoch of an entry loaded from disk, which does not keep it: below every epoch, so
-    /// any marker of the PID ends it.
+    /// The epoch of an entry loaded from a disk written before it kept epochs: below every
+    /// epoch, so any marker of the PID ends it.
     pub const UNKNOWN_EPOCH: ProducerEpoch = -1;
 
     /// A TxnOffsetCommit of (`producer_id`, `epoch`) for `partitions` of `group` is about to be
@@ -219,15 +270,15 @@ impl PendingTxnOffsets {
     }
 
     /// The commit of (`producer_id`, `epoch`) that [`Self::record`] announced for `partitions`
-    /// was refused: it gives its holds back. Returns the partitions no epoch of `producer_id`
-    /// holds any more (what the disk no longer needs).
+    /// was refused: it gives its holds back. Returns the partitions that (`producer_id`,
+    /// `epoch`) no longer holds at all (what the disk no longer needs).
     pub fn forget(
         &mut self,
         group: &str,
         producer_id: ProducerId,
         epoch: ProducerEpoch,
         partitions: &[TopicPartition],
-    ) -> Vec<TopicPartition> {
+    ) -> Vec<(TopicPartition, ProducerEpoch)> {
         let mut released = Vec::new();
         let Some(pending) = self.groups.get_mut(group) else {
             return released;
@@ -240,9 +291,7 @@ impl PendingTxnOffsets {
                 hold.commits -= 1;
                 if hold.commits == 0 {
                     holds.remove(&(producer_id, epoch));
-                    if !holds.keys().any(|(pid, _)| *pid == producer_id) {
-                        released.push(tp.clone());
-                    }
+                    released.push((tp.clone(), epoch));
                 }
             }
             if holds.is_empty() {
@@ -258,27 +307,27 @@ impl PendingTxnOffsets {
     /// A marker of `producer_id` was applied for `group` (COMMIT or ABORT): the commits of the
     /// transaction it ends are no longer pending. `before_epoch`: `None` ends every epoch of
     /// the PID (a marker applied: no later transaction has accepted commits yet), `Some(e)`
-    /// only the epochs below `e` (a version-2 repeat at `e`: the next transaction runs at
-    /// `e`). Returns the partitions no epoch of `producer_id` holds any more (what the disk no
-    /// longer needs).
+    /// only the epochs below `e` (the same marker again, at `e`: the PID's next transaction
+    /// runs at `e`). Returns the (partition, epoch) holds that ended (what the disk no longer
+    /// needs).
     pub fn complete(
         &mut self,
         group: &str,
         producer_id: ProducerId,
         before_epoch: Option<ProducerEpoch>,
-    ) -> Vec<TopicPartition> {
+    ) -> Vec<(TopicPartition, ProducerEpoch)> {
         let mut released = Vec::new();
         let Some(pending) = self.groups.get_mut(group) else {
             return released;
         };
         pending.retain(|tp, holds| {
-            let before = holds.len();
-            holds.retain(|(pid, epoch), _| {
-                *pid != producer_id || before_epoch.is_some_and(|e| *epoch >= e)
+            holds.retain(|&(pid, epoch), _| {
+                let ends = pid == producer_id && before_epoch.is_none_or(|e| epoch < e);
+                if ends {
+                    released.push((tp.clone(), epoch));
+                }
+                !ends
             });
-            if holds.len() < before && !holds.keys().any(|(pid, _)| *pid == producer_id) {
-                released.push(tp.clone());
-            }
             !holds.is_empty()
         });
         if pending.is_empty() {
@@ -341,6 +390,7 @@ mod tests {
             coordinator_id: 1,
             coordinator_generation: generation,
             transaction_version: TransactionVersion::V2,
+            transaction_number: 0,
         }
     }
 
@@ -348,6 +398,22 @@ mod tests {
         GroupMarkerFence {
             producer_epoch: epoch,
             coordinator_generation: generation,
+            transaction_number: None,
+        }
+    }
+
+    fn v1(pid: ProducerId, epoch: ProducerEpoch, generation: i64, number: u64) -> GroupMarker {
+        GroupMarker {
+            transaction_version: TransactionVersion::V1,
+            transaction_number: number,
+            ..group_marker(pid, epoch, generation)
+        }
+    }
+
+    fn numbered(fence: GroupMarkerFence, number: u64) -> GroupMarkerFence {
+        GroupMarkerFence {
+            transaction_number: Some(number),
+            ..fence
         }
     }
 
@@ -363,8 +429,10 @@ mod tests {
                 offsets: [(TopicPartition::new("t", 0), 42)].into(),
                 producer_id: 7,
                 producer_epoch: 3,
+                transaction_number: None,
                 coordinator_id: 1,
                 coordinator_generation: 2,
+                ends_transaction: true,
             }
         );
     }
@@ -449,6 +517,10 @@ mod tests {
             .unwrap();
         assert!(write.offsets.is_empty(), "a repeat never rewrites offsets");
         assert_eq!((write.producer_epoch, write.coordinator_generation), (3, 3));
+        assert!(
+            !write.ends_transaction,
+            "the transaction ended the first time"
+        );
     }
 
     #[test]
@@ -481,6 +553,59 @@ mod tests {
         );
     }
 
+    #[test]
+    fn v1_group_marker_sent_again_is_a_repeat_by_its_transaction_number() {
+        // Transaction 4 of the PID was applied at epoch 3.
+        let applied = numbered(fence(Some(3), Some(2)), 4);
+        // Its marker again (a delayed attempt): nothing, although version 1 keeps the epoch.
+        assert_eq!(write_group_marker(&applied, v1(7, 3, 2, 4)), Ok(None));
+        // From its coordinator's next generation (a restart with the transaction in Prepare*):
+        // only the generation, the offsets stay as they are, the number recorded stays.
+        let write = write_group_marker(&applied, v1(7, 3, 3, 4))
+            .unwrap()
+            .unwrap();
+        assert!(write.offsets.is_empty(), "never moves offsets back");
+        assert_eq!(write.transaction_number, Some(4));
+        assert_eq!(write.coordinator_generation, 3);
+        assert!(!write.ends_transaction);
+        // A lower number at the same epoch cannot be newer either.
+        assert_eq!(write_group_marker(&applied, v1(7, 3, 2, 2)), Ok(None));
+        // The next transaction, at the same epoch: applied, its number recorded.
+        let write = write_group_marker(&applied, v1(7, 3, 2, 5))
+            .unwrap()
+            .unwrap();
+        assert_eq!(write.offsets.len(), 1);
+        assert_eq!(write.transaction_number, Some(5));
+        assert!(write.ends_transaction);
+    }
+
+    #[test]
+    fn v1_group_marker_without_both_numbers_is_the_next_transaction() {
+        // A marker that carries no number (0), or a group that recorded none: as before the
+        // numbers existed, an equal epoch is the next transaction.
+        for (f, m) in [
+            (numbered(fence(Some(3), Some(2)), 4), v1(7, 3, 2, 0)),
+            (fence(Some(3), Some(2)), v1(7, 3, 2, 4)),
+        ] {
+            let write = write_group_marker(&f, m).unwrap().expect("applied");
+            assert_eq!(write.offsets.len(), 1);
+            assert!(write.ends_transaction);
+        }
+        // Version 2 never needs the number: an equal epoch is a repeat whatever it says.
+        let mut marker = group_marker(7, 3, 2);
+        marker.transaction_number = 9;
+        assert_eq!(
+            write_group_marker(&numbered(fence(Some(3), Some(2)), 4), marker),
+            Ok(None)
+        );
+        // And a higher epoch applies whatever the numbers.
+        let write = write_group_marker(&numbered(fence(Some(3), Some(2)), 4), v1(7, 4, 2, 1))
+            .unwrap()
+            .unwrap();
+        assert!(write.ends_transaction);
+        assert_eq!(write.transaction_number, Some(1));
+    }
+
     // ---- pending transactional offsets (KIP-447) ------------------------------------------
 
     fn tp(p: i32) -> TopicPartition {
@@ -501,7 +626,10 @@ mod tests {
         assert!(is(&pending, "g", tp(0)));
         assert!(!is(&pending, "other", tp(0)));
         // PID 7's marker: only PID 8's partition stays pending; the disk may drop PID 7's.
-        assert_eq!(pending.complete("g", 7, None), vec![tp(0), tp(1), tp(2)]);
+        assert_eq!(
+            pending.complete("g", 7, None),
+            vec![(tp(0), 0), (tp(1), 0), (tp(2), 0)]
+        );
         assert!(
             pending.complete("g", 7, None).is_empty(),
             "nothing left of PID 7"
@@ -520,7 +648,7 @@ mod tests {
         pending.record("g", 7, 0, [tp(0)], 10);
         pending.record("g", 7, 0, [tp(0), tp(1)], 20);
         // The second commit of the transaction is refused: the first one still holds tp(0).
-        assert_eq!(pending.forget("g", 7, 0, &[tp(0), tp(1)]), vec![tp(1)]);
+        assert_eq!(pending.forget("g", 7, 0, &[tp(0), tp(1)]), vec![(tp(1), 0)]);
         assert!(is(&pending, "g", tp(0)), "the earlier commit stays");
         assert!(!is(&pending, "g", tp(1)));
         // A hold given back twice (or never taken) changes nothing.
@@ -536,18 +664,19 @@ mod tests {
         let mut pending = PendingTxnOffsets::default();
         pending.record("g", 7, 0, [tp(0)], 10);
         pending.record("g", 7, 1, [tp(0)], 20);
-        assert!(
-            pending.forget("g", 7, 0, &[tp(0)]).is_empty(),
-            "the disk keeps the PID's record"
+        assert_eq!(
+            pending.forget("g", 7, 0, &[tp(0)]),
+            vec![(tp(0), 0)],
+            "the disk drops the zombie's record only"
         );
         assert!(is(&pending, "g", tp(0)));
         // In the other order too.
         let mut pending = PendingTxnOffsets::default();
         pending.record("g", 7, 1, [tp(0)], 10);
         pending.record("g", 7, 0, [tp(0)], 20);
-        assert!(pending.forget("g", 7, 0, &[tp(0)]).is_empty());
+        assert_eq!(pending.forget("g", 7, 0, &[tp(0)]), vec![(tp(0), 0)]);
         assert!(is(&pending, "g", tp(0)));
-        assert_eq!(pending.forget("g", 7, 1, &[tp(0)]), vec![tp(0)]);
+        assert_eq!(pending.forget("g", 7, 1, &[tp(0)]), vec![(tp(0), 1)]);
         assert!(pending.groups.is_empty());
     }
 
@@ -560,13 +689,16 @@ mod tests {
         pending.record("g", 7, PendingTxnOffsets::UNKNOWN_EPOCH, [tp(1)], 10);
         pending.record("g", 7, 4, [tp(2)], 20);
         pending.record("g", 8, 0, [tp(0)], 20);
-        // What the disk may drop is PID 7's record of tp(0) and tp(1).
-        assert_eq!(pending.complete("g", 7, Some(4)), vec![tp(0), tp(1)]);
+        // What the disk may drop is PID 7's records of tp(0) and tp(1).
+        assert_eq!(
+            pending.complete("g", 7, Some(4)),
+            vec![(tp(0), 3), (tp(1), PendingTxnOffsets::UNKNOWN_EPOCH)]
+        );
         assert!(is(&pending, "g", tp(0)), "PID 8 holds it");
         assert!(!is(&pending, "g", tp(1)));
         assert!(is(&pending, "g", tp(2)), "the next transaction's");
         // The next transaction's own marker, at 5.
-        assert_eq!(pending.complete("g", 7, Some(5)), vec![tp(2)]);
+        assert_eq!(pending.complete("g", 7, Some(5)), vec![(tp(2), 4)]);
         assert!(!is(&pending, "g", tp(2)));
     }
 

@@ -16,6 +16,8 @@ pub struct MarkerJob {
     pub transactional_id: TransactionalId,
     /// Version 1: the markers carry the epoch the data was written with, not a bumped one.
     pub transaction_version: TransactionVersion,
+    /// The transaction's number among its id's ([`TxnMetadata::transaction_number`]).
+    pub transaction_number: u64,
     /// (PID, bumped epoch) the markers carry.
     pub identity: ProducerIdAndEpoch,
     /// COMMIT or ABORT.

@@ -293,6 +293,12 @@ pub struct TxnMetadata {
     /// written before versions existed read as version 2).
     #[serde(default)]
     pub client_transaction_version: TransactionVersion,
+    /// (beyond Kafka) The number of the open (or latest) transaction among this id's
+    /// transactions: 1 for the first, bumped each time one begins (0: none yet, or a record
+    /// written before it existed). The group markers carry it, so a group's coordinator tells a
+    /// version-1 marker sent again (same PID and epoch) from the next transaction's.
+    #[serde(default)]
+    pub transaction_number: u64,
     /// (beyond Kafka) The last [`MAX_EPOCH_HISTORY`] epoch changes, oldest first: what
     /// `transactions history` shows. Not part of the stored value: storage keeps one record per
     /// change beside it (see [`crate::storage`]), so a write costs the same whatever the length
@@ -414,6 +420,7 @@ impl TxnMetadata {
             last_update_ms: now_ms,
             timed_out: false,
             client_transaction_version: TransactionVersion::V2,
+            transaction_number: 0,
             history: Arc::default(),
         }
     }
@@ -531,6 +538,7 @@ impl TxnMetadata {
         Some(MarkerJob {
             transactional_id: self.transactional_id.clone(),
             transaction_version: self.client_transaction_version,
+            transaction_number: self.transaction_number,
             identity: self.marker_identity(),
             result,
             partitions: self.partitions.clone(),

@@ -1383,3 +1383,29 @@ fn only_a_settled_idle_id_expires() {
         assert!(!is_expired_id(w.meta(), last + 999, 1000), "{state:?}");
     }
 }
+
+#[test]
+fn every_transaction_gets_the_next_number_and_its_markers_carry_it() {
+    let (mut w, id) = World::started();
+    assert_eq!(w.meta().transaction_number, 0, "none begun yet");
+    w.add(id, &[0]).reply.unwrap();
+    assert_eq!(w.meta().transaction_number, 1);
+    // A second add in the same transaction does not count.
+    w.add_group(id, "g").reply.unwrap();
+    assert_eq!(w.meta().transaction_number, 1);
+    let next = w.end(id, TxnResult::Commit).reply.unwrap();
+    assert_eq!(w.meta().pending_markers().unwrap().transaction_number, 1);
+    w.complete();
+    // The next transaction, begun by its first add (a group only here): number 2, and the
+    // stored value keeps it (a restarted coordinator re-sends markers with the same number).
+    w.add_group(next, "g").reply.unwrap();
+    w.end(next, TxnResult::Abort).reply.unwrap();
+    let stored: TxnMetadata =
+        serde_json::from_slice(&serde_json::to_vec(w.meta()).unwrap()).unwrap();
+    assert_eq!(stored.pending_markers().unwrap().transaction_number, 2);
+    // A value written before the numbers existed reads as 0 (not known).
+    let mut old = serde_json::to_value(w.meta()).unwrap();
+    old.as_object_mut().unwrap().remove("transaction_number");
+    let old: TxnMetadata = serde_json::from_value(old).unwrap();
+    assert_eq!(old.transaction_number, 0);
+}

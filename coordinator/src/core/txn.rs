@@ -180,11 +180,13 @@ pub fn init_producer_id_for_version(
     outcome
 }
 
-/// Opens the transaction if needed (start time set when leaving Empty/Complete*).
+/// Opens the transaction if needed (start time set and the transaction numbered when leaving
+/// Empty/Complete*).
 fn begin(meta: &TxnMetadata, now_ms: i64) -> TxnMetadata {
     let mut next = meta.clone();
     if meta.state.is_settled() {
         next.state = TxnState::Ongoing;
+        next.transaction_number = meta.transaction_number.saturating_add(1);
         next.partitions.clear();
         next.groups.clear();
         next.txn_start_ms = now_ms;

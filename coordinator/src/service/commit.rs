@@ -492,20 +492,21 @@ mod tests {
             &self,
             group: &str,
             producer_id: ProducerId,
+            epoch: i16,
             partitions: &[cluster::TopicPartition],
             recorded_ms: i64,
         ) -> Result<(), StorageError> {
             self.inner
-                .put_pending_txn_offsets(group, producer_id, partitions, recorded_ms)
+                .put_pending_txn_offsets(group, producer_id, epoch, partitions, recorded_ms)
         }
         fn remove_pending_txn_offsets(
             &self,
             group: &str,
             producer_id: ProducerId,
-            partitions: Option<&[cluster::TopicPartition]>,
+            holds: &[(cluster::TopicPartition, i16)],
         ) -> Result<(), StorageError> {
             self.inner
-                .remove_pending_txn_offsets(group, producer_id, partitions)
+                .remove_pending_txn_offsets(group, producer_id, holds)
         }
         fn commit_group_offsets(
             &self,

@@ -53,21 +53,15 @@ impl Shared {
             }
             Ok(None) => {
                 debug!(%group, pid, epoch, coordinator, generation, "group marker repeated; nothing to write");
-                // Version 2 (a repeat is never version 1): the marker ends the transaction run
-                // at an epoch below its own, and the PID's next transaction runs at the
-                // marker's epoch: its commits here stay pending. What is left of the ended
-                // transaction (recorded after the marker by a commit whose answer never came,
-                // or loaded at start without its epoch) ends now, on disk too.
-                let released = lock(&self.pending_txn_offsets).complete(&group, pid, Some(epoch));
-                if !released.is_empty() {
-                    let g = group.clone();
-                    if let Err(e) = self
-                        .blocking(move |s| s.remove_pending_txn_offsets(&g, pid, Some(&released)))
-                        .await
-                    {
-                        warn!(%group, pid, error = %e, "could not remove pending offsets; they expire");
-                    }
-                }
+                self.end_repeated_marker(&group, pid, epoch).await;
+                Ok(())
+            }
+            Ok(Some(write)) if !write.ends_transaction => {
+                // The same marker again from a newer generation of its coordinator: only that
+                // generation is recorded.
+                self.blocking(move |s| s.apply_group_marker(&write)).await?;
+                debug!(%group, pid, epoch, coordinator, generation, "group marker repeated; generation recorded");
+                self.end_repeated_marker(&group, pid, epoch).await;
                 Ok(())
             }
             Ok(Some(write)) => {
@@ -81,6 +75,26 @@ impl Shared {
                 lock(&self.pending_txn_offsets).complete(&group, pid, None);
                 Ok(())
             }
+        }
+    }
+
+    /// A marker of `pid` at `epoch` came again (its transaction ended here already): the PID's
+    /// next transaction runs at `epoch` (version 2: the epoch the marker carried; version 1:
+    /// the same epoch), so its commits here stay pending. What is left of the ended
+    /// transaction below that epoch (recorded after the marker by a commit whose answer never
+    /// came, or loaded from a disk written before epochs were kept) ends now, on disk too. The
+    /// caller holds the group's lock and `pending_writes` exclusively.
+    async fn end_repeated_marker(&self, group: &str, pid: cluster::ProducerId, epoch: i16) {
+        let released = lock(&self.pending_txn_offsets).complete(group, pid, Some(epoch));
+        if released.is_empty() {
+            return;
+        }
+        let g = group.to_string();
+        if let Err(e) = self
+            .blocking(move |s| s.remove_pending_txn_offsets(&g, pid, &released))
+            .await
+        {
+            warn!(%group, pid, error = %e, "could not remove pending offsets; they expire");
         }
     }
 
@@ -106,7 +120,8 @@ impl Shared {
                 now,
             );
             let (g, pid, tps) = (group.to_string(), producer.producer_id, partitions.to_vec());
-            self.blocking(move |s| s.put_pending_txn_offsets(&g, pid, &tps, now))
+            let epoch = producer.epoch;
+            self.blocking(move |s| s.put_pending_txn_offsets(&g, pid, epoch, &tps, now))
                 .await
         };
         if let Err(e) = written {
@@ -223,7 +238,7 @@ impl Shared {
         }
         let g = group.to_string();
         if let Err(e) = self
-            .blocking(move |s| s.remove_pending_txn_offsets(&g, producer_id, Some(&released)))
+            .blocking(move |s| s.remove_pending_txn_offsets(&g, producer_id, &released))
             .await
         {
             warn!(group, producer_id, error = %e, "could not remove pending offsets; they expire");
@@ -251,7 +266,7 @@ impl Shared {
                 pending.record(
                     &p.group,
                     p.producer_id,
-                    core::PendingTxnOffsets::UNKNOWN_EPOCH,
+                    p.epoch,
                     [p.partition],
                     p.recorded_ms,
                 );
@@ -260,9 +275,9 @@ impl Shared {
         for p in expired {
             warn!(group = %p.group, pid = p.producer_id, partition = %p.partition,
                   recorded_ms = p.recorded_ms, "pending transactional offset expired; removed");
-            let (group, pid, partition) = (p.group.clone(), p.producer_id, [p.partition]);
+            let (group, pid, hold) = (p.group.clone(), p.producer_id, [(p.partition, p.epoch)]);
             let removed = self
-                .blocking(move |s| s.remove_pending_txn_offsets(&group, pid, Some(&partition)))
+                .blocking(move |s| s.remove_pending_txn_offsets(&group, pid, &hold))
                 .await;
             if let Err(e) = removed {
                 warn!(group = %p.group, pid, error = %e, "could not remove an expired pending offset");

@@ -267,6 +267,7 @@ impl Shared {
                 coordinator_id: self.node_id,
                 coordinator_generation: self.generation(),
                 transaction_version: job.transaction_version,
+                transaction_number: job.transaction_number,
             };
             let answer = if node == self.node_id {
                 let (code, message) = code_of(&self.write_group_marker(marker).await);

@@ -179,6 +179,7 @@ pub(super) fn group_marker(
         coordinator_id: request.coordinator_id,
         coordinator_generation: request.coordinator_generation,
         transaction_version,
+        transaction_number: request.transaction_number,
     })
 }
 
@@ -253,6 +254,7 @@ pub(super) fn group_marker_request(
         coordinator_id: marker.coordinator_id,
         coordinator_generation: marker.coordinator_generation,
         transaction_version: marker.transaction_version.to_wire(),
+        transaction_number: marker.transaction_number,
     }
 }
 

@@ -210,6 +210,8 @@ pub use testkit::requests::code;
 pub struct Txn {
     pub client: Client,
     pub id: String,
+    /// The client transaction version InitProducerId asks for (2 unless [`Txn::v1`]).
+    pub version: i32,
 }
 
 impl Txn {
@@ -217,6 +219,16 @@ impl Txn {
         Self {
             client,
             id: id.to_string(),
+            version: 2,
+        }
+    }
+
+    /// A client of transaction version 1 (a Kafka client without KIP-890 part 2): EndTxn keeps
+    /// the epoch.
+    pub fn v1(client: Client, id: &str) -> Self {
+        Self {
+            version: 1,
+            ..Self::new(client, id)
         }
     }
 
@@ -227,7 +239,7 @@ impl Txn {
                 transaction_timeout_ms: timeout,
                 expected_producer_id: expected.0,
                 expected_producer_epoch: expected.1,
-                transaction_version: 2,
+                transaction_version: self.version,
             })
             .await
             .unwrap()
@@ -241,6 +253,7 @@ impl Txn {
 
     pub async fn init_with_timeout(&mut self, timeout: i32) -> (i64, i32) {
         let this = &*self;
+        let version = self.version;
         eventually("init producer id", || {
             let mut client = this.client.clone();
             let id = this.id.clone();
@@ -251,7 +264,7 @@ impl Txn {
                         transaction_timeout_ms: timeout,
                         expected_producer_id: -1,
                         expected_producer_epoch: -1,
-                        transaction_version: 2,
+                        transaction_version: version,
                     })
                     .await
                     .unwrap()
