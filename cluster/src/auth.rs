@@ -23,13 +23,15 @@
 //! same across a producer's transactions: a captured COMMIT marker of one transaction, replayed
 //! while the next one is open, would otherwise close it at a leader or put the group's offsets
 //! back. A sender that retries signs again (fresh timestamp and nonce), so a retry is never a
-//! replay.
+//! replay. The memory starts empty when a receiver starts, so a receiver also refuses what was
+//! signed before it started ([`ReplayGuard::starting_at`]): a request captured before a restart
+//! cannot be replayed to the new process, and a sender whose marker was in flight across the
+//! restart signs it again.
 //!
 //! CAVEATS: no confidentiality (requests travel in clear, as on a PLAINTEXT listener); every
-//! member holds the same secret, so a member is trusted not to impersonate another member; the
-//! replay memory is per process, so a request captured before a receiver restarted can be
-//! replayed to it once within the window (an idempotent marker changes nothing; version 1's
-//! hole stays open that long); replies are not authenticated (forging one needs a man in the
+//! member holds the same secret, so a member is trusted not to impersonate another member; a
+//! sender whose clock is behind the receiver's sees its markers refused for that long after the
+//! receiver started (it retries them, signed afresh); replies are not authenticated (forging one needs a man in the
 //! middle, which a MAC on requests does not stop).
 
 use std::collections::HashMap;
@@ -194,6 +196,17 @@ pub enum AuthError {
     /// A request this node accepted before (same MAC), sent again.
     #[error("a request of node {0} already received: a replay")]
     Replayed(NodeId),
+    /// Signed before this node started: this process cannot know whether it accepted it
+    /// before (the sender signs a retry afresh).
+    #[error("a request of node {node} signed at {timestamp_ms}, before this node started at {started_ms}: sign it again")]
+    SignedBeforeStart {
+        /// Claimed sender.
+        node: NodeId,
+        /// The request's timestamp.
+        timestamp_ms: i64,
+        /// When this node started.
+        started_ms: i64,
+    },
     /// The sender is not a node of the kind that may send this request.
     #[error("node {0} is not a member that may send this request")]
     NotAMember(NodeId),
@@ -344,6 +357,8 @@ pub fn verify<R: InternalRequest>(
 #[derive(Debug, Default)]
 pub struct ReplayGuard {
     seen: Mutex<Seen>,
+    /// Requests signed before this are refused ([`ReplayGuard::starting_at`]).
+    started_ms: i64,
 }
 
 #[derive(Debug, Default)]
@@ -355,10 +370,28 @@ struct Seen {
 }
 
 impl ReplayGuard {
+    /// The guard of a process started at `started_ms`: what was signed before that may have
+    /// been accepted by an earlier process on this node, whose memory is gone, so it is
+    /// [`AuthError::SignedBeforeStart`]. (`default()` refuses nothing by its time.)
+    pub fn starting_at(started_ms: i64) -> Self {
+        Self {
+            seen: Mutex::default(),
+            started_ms,
+        }
+    }
+
     /// Admits a request whose credentials [`verify`] accepted at `now_ms`, once: the same MAC
-    /// again is [`AuthError::Replayed`].
+    /// again is [`AuthError::Replayed`], one signed before this guard started
+    /// [`AuthError::SignedBeforeStart`].
     pub fn admit<R: InternalRequest>(&self, request: &R, now_ms: i64) -> Result<(), AuthError> {
         let auth = request.auth().ok_or(AuthError::Missing)?;
+        if auth.timestamp_ms < self.started_ms {
+            return Err(AuthError::SignedBeforeStart {
+                node: auth.node_id,
+                timestamp_ms: auth.timestamp_ms,
+                started_ms: self.started_ms,
+            });
+        }
         let mac: [u8; 32] = auth
             .mac
             .as_slice()
@@ -442,6 +475,28 @@ mod tests {
             guard.admit(&marker(), 1_000),
             Err(AuthError::Missing)
         ));
+    }
+
+    #[test]
+    fn what_was_signed_before_the_receiver_started_is_refused_and_signed_again_passes() {
+        // Accepted by the node's previous process, whose memory is gone.
+        let mut r = marker();
+        sign(&creds(SECRET, 1), &mut r, 1_000);
+        let restarted = ReplayGuard::starting_at(1_500);
+        assert_eq!(
+            restarted.admit(&r, 1_600),
+            Err(AuthError::SignedBeforeStart {
+                node: 1,
+                timestamp_ms: 1_000,
+                started_ms: 1_500
+            })
+        );
+        assert!(restarted.is_empty(), "nothing remembered for it");
+        // The sender's retry is signed afresh.
+        let mut retry = marker();
+        sign(&creds(SECRET, 1), &mut retry, 1_600);
+        assert_eq!(restarted.admit(&retry, 1_600), Ok(()));
+        assert_eq!(restarted.admit(&retry, 1_601), Err(AuthError::Replayed(1)));
     }
 
     #[test]

@@ -290,7 +290,7 @@ async fn forged_group_offset_markers_are_refused() {
 /// signed afresh (a retry) is accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_marker_is_refused_and_changes_nothing() {
-    let cluster = cluster().await;
+    let mut cluster = cluster().await;
     let topology = cluster.topology();
     let group = "group-replay";
     let group_coordinator = topology.coordinator_for(group).clone();
@@ -336,13 +336,49 @@ async fn a_replayed_marker_is_refused_and_changes_nothing() {
     assert_eq!(send(first.clone()).await, ErrorCode::None);
     // The producer's next transaction, at the same epoch (version 1), commits 200.
     assert_eq!(send(request(200)).await, ErrorCode::None);
-    assert_eq!(send(first).await, ErrorCode::ClusterAuthorizationFailed);
+    assert_eq!(
+        send(first.clone()).await,
+        ErrorCode::ClusterAuthorizationFailed
+    );
     let mut consumer = Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
     let offsets = consumer
         .committed_offsets(group, std::slice::from_ref(&tp))
         .await
         .unwrap();
     assert_eq!(offsets.get(&tp), Some(&200), "the replay moved nothing");
+
+    // The group's coordinator restarts: its memory of what it accepted is gone, and what was
+    // signed before it started is refused all the same.
+    cluster.kill(group_coordinator.id).await.unwrap();
+    cluster.restart(group_coordinator.id).await.unwrap();
+    let mut consumer = Consumer::new(config(&cluster), Isolation::ReadCommitted).unwrap();
+    let committed = consumer
+        .committed_offsets(group, std::slice::from_ref(&tp))
+        .await
+        .unwrap();
+    assert_eq!(committed.get(&tp), Some(&200));
+    let client = coordinator_client(&group_coordinator.address).await;
+    let reply = client
+        .clone()
+        .write_group_offset_marker(first)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        code(reply.error_code),
+        ErrorCode::ClusterAuthorizationFailed,
+        "{}",
+        reply.error_message
+    );
+    let offsets = consumer
+        .committed_offsets(group, std::slice::from_ref(&tp))
+        .await
+        .unwrap();
+    assert_eq!(
+        offsets.get(&tp),
+        Some(&200),
+        "the replay after a restart moved nothing"
+    );
 
     // The same at a leader: a marker for a PID without a transaction, accepted once.
     let mut marker = marker(515_151, 2, true, owner, 1, 0, txid);
@@ -357,6 +393,19 @@ async fn a_replayed_marker_is_refused_and_changes_nothing() {
         ErrorCode::ClusterAuthorizationFailed
     );
     // Signed again (as a retry is): a new signature, accepted.
+    sign(cluster.cluster_secret(), owner, &topology, &mut marker);
+    assert_eq!(
+        send_marker(&cluster, 0, marker.clone()).await,
+        ErrorCode::None
+    );
+    // The leader restarts: the marker it accepted before is still refused.
+    let leader = topology.leader_for(TOPIC, 0).unwrap().id;
+    cluster.kill(leader).await.unwrap();
+    cluster.restart(leader).await.unwrap();
+    assert_eq!(
+        send_marker(&cluster, 0, marker.clone()).await,
+        ErrorCode::ClusterAuthorizationFailed
+    );
     sign(cluster.cluster_secret(), owner, &topology, &mut marker);
     assert_eq!(send_marker(&cluster, 0, marker).await, ErrorCode::None);
 }

@@ -279,7 +279,7 @@ async fn serve_inner(
     let (commit, writer) = commit::GroupCommit::start(storage.clone(), storage_failed.clone())?;
     let shared = Arc::new(Shared {
         credentials,
-        replays: cluster::auth::ReplayGuard::default(),
+        replays: cluster::auth::ReplayGuard::starting_at(cluster::node::now_ms()),
         fingerprint,
         peers: Mutex::new(membership::PeerView::Unchecked),
         node_id: config.node_id,

@@ -287,7 +287,7 @@ impl LeaderService {
             inner: Arc::new(Inner {
                 node_id: config.node_id,
                 credentials: config.credentials(),
-                replays: cluster::auth::ReplayGuard::default(),
+                replays: cluster::auth::ReplayGuard::starting_at(cluster::node::now_ms()),
                 unsafe_skip_epoch_check: config.unsafe_skip_epoch_check,
                 topology: config.topology.clone(),
                 limits: config.limits(),
