@@ -234,7 +234,7 @@ impl Script {
                 let caller = self.producer(args[0]);
                 let tp = parse_tp(args[1]);
                 match core::verify_transaction(ID, self.meta.as_ref(), caller, &tp) {
-                    Ok(()) => writeln!(out, "ok").unwrap(),
+                    Ok(_) => writeln!(out, "ok").unwrap(),
                     Err(e) => writeln!(out, "{}", code(&e)).unwrap(),
                 }
             }

@@ -74,6 +74,7 @@ fn marker(
         transactional_id: transactional_id.into(),
         auth: None,
         transaction_version: 2,
+        transaction_number: 0,
     }
 }
 

@@ -79,8 +79,8 @@ impl TxnVerifier for AlwaysYes {
         _: ProducerId,
         _: ProducerEpoch,
         _: &TopicPartition,
-    ) -> Result<(), partition_leader::Error> {
-        Ok(())
+    ) -> Result<partition_leader::core::Verified, partition_leader::Error> {
+        Ok(partition_leader::core::Verified::default())
     }
 }
 
@@ -217,6 +217,7 @@ impl Row {
                         }]
                         .into(),
                         txn_first_offset: None,
+                        txn_number: None,
                         coordinator_generation: -1,
                         last_update_ms: 1,
                     };

@@ -9,7 +9,8 @@
 //! `topology.coordinator_for(transactional_id)`, with a cache of lazily connected channels and a
 //! per-request timeout.
 //!
-//! Answer mapping: NONE -> verified; PRODUCER_FENCED or INVALID_PRODUCER_EPOCH -> the (PID,
+//! Answer mapping: NONE -> verified (with the open transaction's number, which the leader keeps
+//! with the transaction it opens: see [`crate::core::Verified`]); PRODUCER_FENCED or INVALID_PRODUCER_EPOCH -> the (PID,
 //! epoch) is not current -> INVALID_PRODUCER_EPOCH; every other code (INVALID_TXN_STATE,
 //! INVALID_PRODUCER_ID_MAPPING, TRANSACTION_TIMED_OUT, and the retriable NOT_COORDINATOR,
 //! COORDINATOR_LOAD_IN_PROGRESS, CONCURRENT_TRANSACTIONS) is passed back to the producer as is;
@@ -27,19 +28,21 @@ use proto::transaction_coordinator_client::TransactionCoordinatorClient;
 use proto::{ErrorCode, VerifyTransactionRequest};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::core::Verified;
 use crate::error::{Error, Result};
 
 /// Asks the owning coordinator whether (PID, epoch) may open a transaction on a partition.
 #[tonic::async_trait]
 pub trait TxnVerifier: Send + Sync + 'static {
-    /// `Ok(())` if the coordinator says the batch may open the transaction here.
+    /// `Ok` if the coordinator says the batch may open the transaction here, with what it said
+    /// about that transaction.
     async fn verify(
         &self,
         transactional_id: &str,
         producer_id: ProducerId,
         producer_epoch: ProducerEpoch,
         partition: &TopicPartition,
-    ) -> Result<()>;
+    ) -> Result<Verified>;
 }
 
 /// Maps a coordinator's VerifyTransaction answer to the leader's result (see the module docs).
@@ -123,7 +126,7 @@ impl TxnVerifier for GrpcVerifier {
         producer_id: ProducerId,
         producer_epoch: ProducerEpoch,
         partition: &TopicPartition,
-    ) -> Result<()> {
+    ) -> Result<Verified> {
         let coordinator = self.topology.coordinator_for(transactional_id);
         let mut client = self.client(&coordinator.address)?;
         let mut request = VerifyTransactionRequest {
@@ -158,6 +161,9 @@ impl TxnVerifier for GrpcVerifier {
             ErrorCode::from_wire(response.error_code),
             response.error_message,
         )
+        .map(|()| Verified {
+            transaction_number: response.transaction_number,
+        })
     }
 }
 

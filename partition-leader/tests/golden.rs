@@ -19,7 +19,7 @@ use std::path::Path;
 
 use partition_leader::core::{
     data_entries, validate_batch, Limits, LogEntry, Marker, PartitionState, ProduceBatch,
-    ProduceDecision, Record,
+    ProduceDecision, Record, Verified,
 };
 use testkit::golden::{run_script, Runner};
 
@@ -94,7 +94,7 @@ impl Runner for Leader {
                     Ok(h) => h,
                     Err(e) => return code(e),
                 };
-                let mut verified = false;
+                let mut verified = None;
                 loop {
                     match self.state.check_produce(&header, verified, 0) {
                         Err(e) => return code(e),
@@ -105,7 +105,7 @@ impl Runner for Leader {
                             if flags.iter().any(|f| f == "unverified") {
                                 return "needs-verification".into();
                             }
-                            verified = true;
+                            verified = Some(Verified::default());
                         }
                         Ok(ProduceDecision::Append(plan)) => {
                             self.state.apply(&plan);
@@ -115,7 +115,7 @@ impl Runner for Leader {
                             return format!(
                                 "ok offset={}{}",
                                 plan.base_offset,
-                                if verified { " verified" } else { "" }
+                                if verified.is_some() { " verified" } else { "" }
                             );
                         }
                     }
@@ -133,6 +133,7 @@ impl Runner for Leader {
                     } else {
                         2
                     },
+                    transaction_number: kv.get("txn").copied().unwrap_or(0) as u64,
                 };
                 match self.state.plan_marker(&marker, 0) {
                     Err(e) => code(e),

@@ -527,6 +527,7 @@ async fn a_marker_batch_is_written_as_one_request_per_transaction_would_be() {
             transactional_id: String::new(),
             auth: None,
             transaction_version: 2,
+            transaction_number: 0,
         };
     let topology = c.leaders[0].topology.clone();
     let signed = |mut m: proto::WriteTxnMarkersRequest| {

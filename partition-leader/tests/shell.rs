@@ -454,6 +454,7 @@ async fn bad_markers_and_batches_store_nothing() {
         transactional_id: String::new(),
         auth: None,
         transaction_version: 2,
+        transaction_number: 0,
     };
     testkit::auth::sign_marker(&Topology::parse(TOPOLOGY).unwrap(), &mut request);
     let r = h

@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 struct Cluster {
+    topology: Arc<Topology>,
     coordinator: TransactionCoordinatorClient<Channel>,
     leaders: Vec<Leader>,
     _coordinator_stop: oneshot::Sender<()>,
@@ -55,6 +56,7 @@ async fn cluster() -> Cluster {
         .timeout(Duration::from_secs(10))
         .connect_lazy();
     Cluster {
+        topology,
         coordinator: TransactionCoordinatorClient::new(channel),
         leaders,
         _coordinator_stop: stop,
@@ -87,12 +89,21 @@ macro_rules! retry {
 }
 
 async fn init(c: &mut TransactionCoordinatorClient<Channel>, id: &str) -> (i64, i32) {
+    init_version(c, id, 2).await
+}
+
+/// InitProducerId for a client of transaction `version` (1: EndTxn keeps the epoch).
+async fn init_version(
+    c: &mut TransactionCoordinatorClient<Channel>,
+    id: &str,
+    version: i32,
+) -> (i64, i32) {
     let r = retry!(c.init_producer_id(InitProducerIdRequest {
         transactional_id: Some(id.into()),
         transaction_timeout_ms: 60_000,
         expected_producer_id: -1,
         expected_producer_epoch: -1,
-        transaction_version: 2,
+        transaction_version: version,
     }));
     assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
     (r.producer_id, r.producer_epoch)
@@ -331,4 +342,65 @@ async fn leader_restarts_mid_transaction_keep_everything_and_fencing_holds() {
     for leader in &mut c.leaders {
         leader.stop().await;
     }
+}
+
+/// Transaction version 1 keeps the epoch across a producer's transactions. A COMMIT marker of
+/// a finished transaction that arrives late (an attempt delayed in the network) carries the same
+/// PID and epoch as the next transaction, which is open here; it carries the finished one's
+/// number, which the leader tells from the open one's (learnt from the verification of its
+/// first write): it closes nothing. The next transaction then aborts, and none of its records
+/// is ever visible.
+#[tokio::test]
+async fn a_late_version_1_commit_marker_never_commits_the_next_transaction() {
+    let mut c = cluster().await;
+    let id = "txn-v1-late";
+    let pe = init_version(&mut c.coordinator, id, 1).await;
+    let mut l0 = c.leaders[0].client();
+    add(&mut c.coordinator, id, pe, &[0]).await;
+    let r = produce(&mut l0, 0, batch(pe.0, pe.1, 0, &["first"], Some(id))).await;
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    assert_eq!(end(&mut c.coordinator, id, pe, true).await, pe);
+    wait_stable(&c.leaders[0], 0).await;
+    // The first transaction's marker, exactly as its coordinator (generation 1) sent it.
+    let mut late = WriteTxnMarkersRequest {
+        producer_id: pe.0,
+        producer_epoch: pe.1,
+        result: TxnResult::Commit as i32,
+        coordinator_id: 1,
+        coordinator_generation: 1,
+        partitions: vec![proto::TopicPartition {
+            topic: TOPIC.into(),
+            partition: 0,
+        }],
+        transactional_id: id.into(),
+        auth: None,
+        transaction_version: 1,
+        transaction_number: 1,
+    };
+    testkit::auth::sign(&c.topology, 1, &mut late);
+
+    // The next transaction, at the same epoch, writes and is still open.
+    add(&mut c.coordinator, id, pe, &[0]).await;
+    let r = produce(&mut l0, 0, batch(pe.0, pe.1, 1, &["second"], Some(id))).await;
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    let r = l0.write_txn_markers(late).await.unwrap().into_inner();
+    assert_eq!(
+        code(r.results[0].error_code),
+        ErrorCode::None,
+        "acknowledged as a repeat"
+    );
+    let d = describe(&mut l0, 0).await;
+    assert_ne!(
+        d.producers[0].current_txn_start_offset, -1,
+        "the open transaction stays open"
+    );
+    assert_eq!(values(&fetch(&mut l0, 0, 0, true).await), vec!["first"]);
+
+    end(&mut c.coordinator, id, pe, false).await;
+    wait_stable(&c.leaders[0], 0).await;
+    assert_eq!(
+        values(&fetch(&mut l0, 0, 0, true).await),
+        vec!["first"],
+        "the aborted transaction is never visible"
+    );
 }

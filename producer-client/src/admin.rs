@@ -296,6 +296,7 @@ impl RawRequests {
             transactional_id: transactional_id.to_string(),
             auth: None,
             transaction_version: 2,
+            transaction_number: 0,
         };
         cluster::auth::sign(credentials, &mut request, cluster::node::now_ms());
         let response = self

@@ -222,6 +222,7 @@ impl TransactionCoordinator for FakeCoordinator {
         Ok(Response::new(VerifyTransactionResponse {
             error_code: code as i32,
             error_message: String::new(),
+            transaction_number: 0,
         }))
     }
 }
@@ -289,7 +290,7 @@ impl TxnVerifier for FakeVerifier {
         _producer_id: cluster::ProducerId,
         _producer_epoch: cluster::ProducerEpoch,
         _partition: &TopicPartition,
-    ) -> partition_leader::error::Result<()> {
+    ) -> partition_leader::error::Result<partition_leader::core::Verified> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let gate = self.gate.lock().unwrap().clone();
         if let Some(gate) = gate {
@@ -297,8 +298,9 @@ impl TxnVerifier for FakeVerifier {
         }
         let answer = *self.answer.lock().unwrap();
         match answer {
-            Ok(()) => Ok(()),
-            Err(code) => verification_result(code, "fake".into()),
+            Ok(()) => Ok(partition_leader::core::Verified::default()),
+            Err(code) => verification_result(code, "fake".into())
+                .map(|()| partition_leader::core::Verified::default()),
         }
     }
 }

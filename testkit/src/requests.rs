@@ -66,6 +66,7 @@ pub fn markers(
         transactional_id: String::new(),
         auth: None,
         transaction_version: 2,
+        transaction_number: 0,
         partitions: partitions
             .iter()
             .map(|(topic, partition)| proto::TopicPartition {

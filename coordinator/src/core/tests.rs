@@ -983,8 +983,9 @@ fn verify_transaction_rows() {
     let v = |w: &World, c, p| {
         verify_transaction(ID, w.meta.as_ref(), c, &tp(p)).map_err(|e| err_name(&e))
     };
-    assert_eq!(v(&w, id, 0), Ok(()));
-    assert_eq!(v(&w, id, 1), Ok(()));
+    // Yes, with the open transaction's number (the id's first).
+    assert_eq!(v(&w, id, 0), Ok(1));
+    assert_eq!(v(&w, id, 1), Ok(1));
     assert_eq!(
         v(&w, pe(id.producer_id, id.epoch + 1), 0),
         Err("INVALID_PRODUCER_EPOCH")
@@ -1000,7 +1001,7 @@ fn verify_transaction_rows() {
     assert_eq!(v(&w, new, 0), Err("INVALID_TXN_STATE"));
     w.add(new, &[1]).reply.unwrap();
     assert_eq!(v(&w, new, 0), Err("INVALID_TXN_STATE"));
-    assert_eq!(v(&w, new, 1), Ok(()));
+    assert_eq!(v(&w, new, 1), Ok(2), "the next transaction");
     assert_eq!(
         verify_transaction(ID, None, new, &tp(0)).map_err(|e| err_name(&e)),
         Err("INVALID_PRODUCER_ID_MAPPING")

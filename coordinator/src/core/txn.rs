@@ -423,13 +423,14 @@ pub fn end_txn_v1(
 }
 
 /// VerifyTransaction (KIP-890 part 1, PROTOCOL.md section 9 step 4): may `caller` open a
-/// transaction on `partition`?
+/// transaction on `partition`? Yes: the open transaction's number (see
+/// [`TxnMetadata::transaction_number`]), which the leader keeps with the transaction it opens.
 pub fn verify_transaction(
     id: &str,
     meta: Option<&TxnMetadata>,
     caller: ProducerIdAndEpoch,
     partition: &TopicPartition,
-) -> Result<(), TxnError> {
+) -> Result<u64, TxnError> {
     let meta = match check_producer(id, meta, caller) {
         Ok(meta) => meta,
         Err(TxnError::ProducerFenced(m) | TxnError::TransactionTimedOut(m)) => {
@@ -446,7 +447,7 @@ pub fn verify_transaction(
             meta.state
         )));
     }
-    Ok(())
+    Ok(meta.transaction_number)
 }
 
 /// Whether the timeout scan should abort this transaction now.

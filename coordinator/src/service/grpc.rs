@@ -285,6 +285,7 @@ impl TransactionCoordinator for CoordinatorService {
         Ok(Response::new(proto::VerifyTransactionResponse {
             error_code,
             error_message,
+            transaction_number: result.unwrap_or(0),
         }))
     }
 

@@ -211,6 +211,7 @@ impl Shared {
             transactional_id: job.transactional_id.clone(),
             auth: None,
             transaction_version: job.transaction_version.to_wire(),
+            transaction_number: job.transaction_number,
         };
         self.sign(&mut request);
         let reply = self.write_txn_markers_queued(address, request).await;

@@ -363,7 +363,7 @@ impl Shared {
         &self,
         caller: Caller,
         partition: TopicPartition,
-    ) -> Result<(), Error> {
+    ) -> Result<u64, Error> {
         self.check_owner(&caller.id)?;
         let slot = self.slot(&caller.id, false);
         let stored = slot.meta.lock().await;

@@ -35,13 +35,16 @@ impl PartitionState {
             epoch,
             batches: VecDeque::new(),
             txn_first_offset: None,
+            txn_number: None,
             coordinator_generation: NO_GENERATION,
             last_update_ms: now_ms,
         });
         let raises_epoch = decision == Decision::Apply;
         // Transaction version 1: the marker carries the data's epoch; the sequence window is
-        // kept (the producer carries on at this epoch), as Kafka's producer state does.
-        let ends_at_same_epoch = m.keeps_epoch() && current.is_some_and(|s| epoch == s.epoch);
+        // kept (the producer carries on at this epoch), as Kafka's producer state does. A
+        // marker numbered below the open transaction is a late one of an earlier transaction.
+        let ends_at_same_epoch = m.keeps_epoch()
+            && current.is_some_and(|s| epoch == s.epoch && !is_earlier_transaction(m, s));
         Ok(match current.and_then(|s| s.txn_first_offset) {
             Some(first) if raises_epoch || ends_at_same_epoch => {
                 close_txn(m, epoch, next, first, noop, now_ms)
@@ -62,6 +65,16 @@ impl PartitionState {
             high_watermark: self.high_watermark,
         }
     }
+}
+
+/// Whether version-1 marker `m` ends an earlier transaction than the one open in `state`: both
+/// numbers known and the marker's below. (Unknown either way: the marker closes it, as before
+/// numbers existed.)
+fn is_earlier_transaction(m: &Marker, state: &ProducerState) -> bool {
+    m.transaction_number > 0
+        && state
+            .txn_number
+            .is_some_and(|open| m.transaction_number < open)
 }
 
 /// Step 1: the marker as the wire sent it; returns its epoch.
@@ -130,6 +143,7 @@ fn close_txn(
     }
     next.epoch = epoch;
     next.txn_first_offset = None;
+    next.txn_number = None;
     next.coordinator_generation = m.coordinator_generation;
     next.last_update_ms = now_ms;
     Plan {

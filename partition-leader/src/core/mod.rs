@@ -9,7 +9,7 @@
 //!   the original offset is returned and nothing is appended;
 //! - [`ProduceDecision::NeedsVerification`]: a transactional batch would open a transaction on this
 //!   partition, so the shell must first ask the owning coordinator (KIP-890 part 1) and call again
-//!   with `verified = true`;
+//!   with its [`Verified`] answer;
 //! - [`ProduceDecision::Append`]: a [`Plan`], i.e. exactly what to persist (offsets, the PID's new
 //!   state, an aborted-index entry). The shell writes the plan to the engine, THEN calls
 //!   [`PartitionState::apply`], so the next write on the partition is planned against it while
@@ -51,6 +51,11 @@
 //! - A marker when no transaction is open here (an unknown PID, or a partition the transaction
 //!   was added to but never wrote to) appends no control record; it persists the PID's raised
 //!   epoch (and coordinator generation) so a zombie is still rejected here afterwards.
+//! - Transaction version 1 (Kafka clients without KIP-890 part 2): a marker at the stored epoch
+//!   closes the open transaction, since the PID's transactions share the epoch. (Beyond Kafka)
+//!   The transaction keeps the number its verification answered ([`Verified`]), and a version-1
+//!   marker with a lower number is a late repeat of an earlier transaction's marker: it is
+//!   acknowledged and closes nothing, so it cannot commit or abort the next transaction's data.
 //! - A transactional batch with a higher epoch while an older transaction of the PID is still open
 //!   here (its marker has not arrived) is CONCURRENT_TRANSACTIONS (retriable) rather than joining
 //!   the old transaction.
@@ -201,6 +206,10 @@ pub struct ProducerState {
     pub batches: VecDeque<BatchMetadata>,
     /// First offset of the PID's open transaction on this partition.
     pub txn_first_offset: Option<i64>,
+    /// The open transaction's number among its transactional id's, as its verification
+    /// answered ([`Verified`]; `None`: not known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txn_number: Option<u64>,
     /// Coordinator generation of the last marker, or [`NO_GENERATION`].
     pub coordinator_generation: i64,
     /// When the state last changed (`now_ms` of that request).
@@ -321,6 +330,8 @@ pub struct Marker {
     /// epoch the transaction's data was written with (Kafka clients without KIP-890 part 2);
     /// 0 or 2 = the bumped epoch.
     pub transaction_version: i32,
+    /// The transaction's number among its transactional id's (0: not known).
+    pub transaction_number: u64,
 }
 
 impl Marker {
@@ -358,6 +369,21 @@ impl Plan {
     }
 }
 
+/// The coordinator's yes to VerifyTransaction: the batch's (PID, epoch) may open a transaction
+/// on the partition (KIP-890 part 1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Verified {
+    /// The number of that transaction among its transactional id's (0: not said).
+    pub transaction_number: u64,
+}
+
+impl Verified {
+    /// The number as the producer state keeps it.
+    fn number(self) -> Option<u64> {
+        (self.transaction_number > 0).then_some(self.transaction_number)
+    }
+}
+
 /// The answer to a Produce check.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProduceDecision {
@@ -366,7 +392,7 @@ pub enum ProduceDecision {
         /// The original base offset.
         base_offset: i64,
     },
-    /// Verify with the coordinator, then check again with `verified = true`.
+    /// Verify with the coordinator, then check again with its [`Verified`] answer.
     NeedsVerification,
     /// Persist this plan, then apply it.
     Append(Plan),

@@ -12,17 +12,17 @@ use std::collections::VecDeque;
 
 use super::{
     increment_sequence, BatchHeader, BatchMetadata, PartitionState, Plan, ProduceDecision,
-    ProducerState, NO_GENERATION, NO_PRODUCER_ID, PRODUCER_WINDOW,
+    ProducerState, Verified, NO_GENERATION, NO_PRODUCER_ID, PRODUCER_WINDOW,
 };
 use crate::error::{Error, Result};
 
 impl PartitionState {
-    /// The Produce checks of PROTOCOL.md section 9, in order. `verified` says the coordinator
+    /// The Produce checks of PROTOCOL.md section 9, in order. `verified`: the coordinator
     /// already confirmed that this batch's (PID, epoch) may open a transaction here.
     pub fn check_produce(
         &self,
         h: &BatchHeader,
-        verified: bool,
+        verified: Option<Verified>,
         now_ms: i64,
     ) -> Result<ProduceDecision> {
         if h.producer_id == NO_PRODUCER_ID {
@@ -46,10 +46,10 @@ impl PartitionState {
         // 3. Sequence.
         check_sequence(h, state)?;
         // 4 and 5. Transactions.
-        if let Some(decision) = check_txn_state(h, state, verified)? {
+        if let Some(decision) = check_txn_state(h, state, verified.is_some())? {
             return Ok(decision);
         }
-        let next = next_producer_state(h, state, self.high_watermark, now_ms);
+        let next = next_producer_state(h, state, self.high_watermark, verified, now_ms);
         Ok(self.append(h, Some(next)))
     }
 
@@ -60,7 +60,7 @@ impl PartitionState {
     fn check_first_batch(
         &self,
         h: &BatchHeader,
-        verified: bool,
+        verified: Option<Verified>,
         now_ms: i64,
     ) -> Result<ProduceDecision> {
         if h.first_seq != 0 && !h.any_first_sequence {
@@ -69,9 +69,10 @@ impl PartitionState {
                 h.producer_id, h.first_seq
             )));
         }
-        if h.transactional && !verified {
-            return Ok(ProduceDecision::NeedsVerification);
-        }
+        let verified = match verified {
+            None if h.transactional => return Ok(ProduceDecision::NeedsVerification),
+            verified => verified,
+        };
         let base_offset = self.high_watermark;
         Ok(self.append(
             h,
@@ -79,6 +80,9 @@ impl PartitionState {
                 epoch: h.epoch,
                 batches: VecDeque::from([this_batch(h, base_offset)]),
                 txn_first_offset: h.transactional.then_some(base_offset),
+                txn_number: verified
+                    .filter(|_| h.transactional)
+                    .and_then(Verified::number),
                 coordinator_generation: NO_GENERATION,
                 last_update_ms: now_ms,
             }),
@@ -187,11 +191,12 @@ fn check_txn_state(
 
 /// The PID's state once the batch is appended at `base_offset`: a new epoch resets the window,
 /// the window keeps the last [`PRODUCER_WINDOW`] batches, a transactional batch opens the
-/// transaction if none is open.
+/// transaction if none is open (numbered as its verification answered).
 fn next_producer_state(
     h: &BatchHeader,
     state: &ProducerState,
     base_offset: i64,
+    verified: Option<Verified>,
     now_ms: i64,
 ) -> ProducerState {
     let mut next = state.clone();
@@ -205,6 +210,7 @@ fn next_producer_state(
     }
     if h.transactional && next.txn_first_offset.is_none() {
         next.txn_first_offset = Some(base_offset);
+        next.txn_number = verified.and_then(Verified::number);
     }
     next.last_update_ms = now_ms;
     next

@@ -37,15 +37,16 @@ fn marker(pid: i64, epoch: i32, commit: bool, generation: i64) -> Marker {
         coordinator_id: 1,
         coordinator_generation: generation,
         transaction_version: 2,
+        transaction_number: 0,
     }
 }
 
 /// Runs a Produce to completion (verification always succeeds); returns the base offset and
 /// whether it was a duplicate.
 fn produce(s: &mut PartitionState, h: &BatchHeader) -> Result<(i64, bool)> {
-    let mut decision = s.check_produce(h, false, 10)?;
+    let mut decision = s.check_produce(h, None, 10)?;
     if decision == ProduceDecision::NeedsVerification {
-        decision = s.check_produce(h, true, 10)?;
+        decision = s.check_produce(h, Some(Verified::default()), 10)?;
     }
     match decision {
         ProduceDecision::Duplicate { base_offset } => Ok((base_offset, true)),
@@ -219,7 +220,7 @@ fn where_the_face_allows_it_an_unknown_pid_starts_at_any_sequence() {
     );
     produce(&mut s, &header(7, 0, 7, 1, false)).unwrap();
     assert_eq!(
-        s.check_produce(&resumed(8, 3, true), false, 10).unwrap(),
+        s.check_produce(&resumed(8, 3, true), None, 10).unwrap(),
         ProduceDecision::NeedsVerification
     );
     assert_eq!(s.high_watermark(), 3);
@@ -246,22 +247,20 @@ fn transactional_batch_opening_a_txn_needs_verification_once() {
     let mut s = PartitionState::new(false);
     let h = header(1, 0, 0, 2, true);
     assert_eq!(
-        s.check_produce(&h, false, 1).unwrap(),
+        s.check_produce(&h, None, 1).unwrap(),
         ProduceDecision::NeedsVerification
     );
     produce(&mut s, &h).unwrap();
     assert_eq!(s.producer(1).unwrap().txn_first_offset, Some(0));
     // Later batches of the open transaction need no verification.
     assert!(matches!(
-        s.check_produce(&header(1, 0, 2, 1, true), false, 1)
-            .unwrap(),
+        s.check_produce(&header(1, 0, 2, 1, true), None, 1).unwrap(),
         ProduceDecision::Append(_)
     ));
     // After the marker closes it, the next transaction is verified again.
     write_marker(&mut s, &marker(1, 1, true, 0)).unwrap();
     assert_eq!(
-        s.check_produce(&header(1, 1, 0, 1, true), false, 1)
-            .unwrap(),
+        s.check_produce(&header(1, 1, 0, 1, true), None, 1).unwrap(),
         ProduceDecision::NeedsVerification
     );
 }
@@ -684,14 +683,14 @@ fn readers_see_only_published_writes() {
     let published = s.watermarks();
     // Applied, not published: a transactional batch and a plain batch.
     let ProduceDecision::Append(plan) = s
-        .check_produce(&header(2, 0, 0, 1, true), true, 10)
+        .check_produce(&header(2, 0, 0, 1, true), Some(Verified::default()), 10)
         .unwrap()
     else {
         panic!("append expected")
     };
     s.apply(&plan);
     let ProduceDecision::Append(plan) = s
-        .check_produce(&header(1, 0, 2, 1, false), false, 10)
+        .check_produce(&header(1, 0, 2, 1, false), None, 10)
         .unwrap()
     else {
         panic!("append expected")
@@ -700,7 +699,7 @@ fn readers_see_only_published_writes() {
     s.apply(&plan);
     // The PID's sequence moved on already: its retry is a duplicate, not a second append.
     assert_eq!(
-        s.check_produce(&header(1, 0, 2, 1, false), false, 10)
+        s.check_produce(&header(1, 0, 2, 1, false), None, 10)
             .unwrap(),
         ProduceDecision::Duplicate { base_offset: 3 }
     );
@@ -766,9 +765,11 @@ fn a_restored_partition_is_visible_up_to_what_was_loaded() {
 
 /// Runs a Produce at `now_ms` (verification always succeeds).
 fn produce_at(s: &mut PartitionState, h: &BatchHeader, now_ms: i64) {
-    let mut decision = s.check_produce(h, false, now_ms).unwrap();
+    let mut decision = s.check_produce(h, None, now_ms).unwrap();
     if decision == ProduceDecision::NeedsVerification {
-        decision = s.check_produce(h, true, now_ms).unwrap();
+        decision = s
+            .check_produce(h, Some(Verified::default()), now_ms)
+            .unwrap();
     }
     let ProduceDecision::Append(plan) = decision else {
         panic!("expected an append, got {decision:?}");
@@ -825,13 +826,13 @@ fn a_forgotten_producer_is_still_fenced_or_starts_afresh() {
     assert!(s.producers().is_empty());
     // The idempotent producer's next batch continues its sequence: it learns its state is gone.
     assert_eq!(
-        code(s.check_produce(&header(1, 3, 2, 1, false), false, 200)),
+        code(s.check_produce(&header(1, 3, 2, 1, false), None, 200)),
         proto::ErrorCode::UnknownProducerId
     );
     // A zombie of the transactional PID (epoch 5, fenced by the abort marker at 6) opening a
     // new transaction is not let in on the leader's word: the coordinator must verify it.
     assert_eq!(
-        s.check_produce(&header(2, 5, 0, 1, true), false, 200)
+        s.check_produce(&header(2, 5, 0, 1, true), None, 200)
             .unwrap(),
         ProduceDecision::NeedsVerification
     );
@@ -841,10 +842,71 @@ fn a_forgotten_producer_is_still_fenced_or_starts_afresh() {
         ..header(2, 5, 1, 1, true)
     };
     assert_eq!(
-        s.check_produce(&resumed, false, 200).unwrap(),
+        s.check_produce(&resumed, None, 200).unwrap(),
         ProduceDecision::NeedsVerification
     );
     // A producer that starts afresh at sequence 0 gets a new window.
     produce_at(&mut s, &header(1, 4, 0, 1, false), 200);
     assert_eq!(s.producer(1).unwrap().last_sequence(), Some(0));
+}
+
+/// Runs a transactional Produce whose verification answers transaction `number`.
+fn produce_verified(s: &mut PartitionState, h: &BatchHeader, number: u64) {
+    let verified = Verified {
+        transaction_number: number,
+    };
+    let decision = match s.check_produce(h, None, 10).unwrap() {
+        ProduceDecision::NeedsVerification => s.check_produce(h, Some(verified), 10).unwrap(),
+        other => other,
+    };
+    let ProduceDecision::Append(plan) = decision else {
+        panic!("expected an append, got {decision:?}");
+    };
+    s.apply(&plan);
+    s.publish(s.watermarks());
+}
+
+#[test]
+fn a_late_v1_marker_of_an_earlier_transaction_closes_nothing() {
+    let v1 = |commit, number| Marker {
+        transaction_version: 1,
+        transaction_number: number,
+        ..marker(1, 3, commit, 1)
+    };
+    let mut s = PartitionState::new(false);
+    // Transaction 4 of the id writes and commits; transaction 5 opens at the same epoch.
+    produce_verified(&mut s, &header(1, 3, 0, 2, true), 4);
+    assert_eq!(s.producer(1).unwrap().txn_number, Some(4));
+    assert!(write_marker(&mut s, &v1(true, 4))
+        .unwrap()
+        .control
+        .is_some());
+    assert_eq!(s.producer(1).unwrap().txn_number, None);
+    produce_verified(&mut s, &header(1, 3, 2, 1, true), 5);
+    let open = s.producer(1).unwrap().txn_first_offset;
+    assert!(open.is_some());
+    // Transaction 4's COMMIT again (an attempt delayed in the network): acknowledged, nothing
+    // appended, transaction 5 stays open and invisible.
+    let lso = s.last_stable_offset();
+    let plan = write_marker(&mut s, &v1(true, 4)).unwrap();
+    assert!(plan.control.is_none());
+    assert_eq!(s.producer(1).unwrap().txn_first_offset, open);
+    assert_eq!(s.last_stable_offset(), lso);
+    // Transaction 5's own marker closes it.
+    assert!(write_marker(&mut s, &v1(false, 5))
+        .unwrap()
+        .control
+        .is_some());
+    assert_eq!(s.last_stable_offset(), s.high_watermark());
+    // Without both numbers, a version-1 marker at the epoch closes what is open, as before.
+    produce_verified(&mut s, &header(1, 3, 3, 1, true), 0);
+    assert!(write_marker(&mut s, &v1(true, 4))
+        .unwrap()
+        .control
+        .is_some());
+    produce_verified(&mut s, &header(1, 3, 4, 1, true), 7);
+    assert!(write_marker(&mut s, &v1(true, 0))
+        .unwrap()
+        .control
+        .is_some());
 }

@@ -613,6 +613,7 @@ impl PartitionLeader for LeaderService {
                             coordinator_id: request.coordinator_id,
                             coordinator_generation: request.coordinator_generation,
                             transaction_version: request.transaction_version,
+                            transaction_number: request.transaction_number,
                         };
                         match self.write_marker(&tp, marker).await {
                             Ok(()) => (proto::ErrorCode::None as i32, String::new()),

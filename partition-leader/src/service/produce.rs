@@ -100,7 +100,7 @@ impl LeaderService {
             ..core::validate_batch(&self.inner.limits, &batch)?
         };
         let mut records = Some(batch.records);
-        let mut verified = false;
+        let mut verified = None;
         loop {
             let round = self
                 .produce_round(
@@ -113,11 +113,12 @@ impl LeaderService {
                 .await?;
             match round {
                 Round::Done(response) => return Ok(response),
-                Round::Verify if verified => {
+                Round::Verify if verified.is_some() => {
                     return Err(Error::Internal("verification asked for twice".into()))
                 }
                 Round::Verify => {
-                    self.inner
+                    let answer = self
+                        .inner
                         .verifier
                         .verify(
                             &batch.transactional_id,
@@ -126,7 +127,7 @@ impl LeaderService {
                             &part.tp,
                         )
                         .await?;
-                    verified = true;
+                    verified = Some(answer);
                 }
             }
         }
@@ -138,7 +139,7 @@ impl LeaderService {
         part: &Arc<Partition>,
         header: &BatchHeader,
         transactional_id: &str,
-        verified: bool,
+        verified: Option<core::Verified>,
         records: &mut Option<Vec<Record>>,
     ) -> Result<Round> {
         let guard = part.write_lock.clone().lock_owned().await;

@@ -196,6 +196,7 @@ mod tests {
                 base_offset: base,
             }]),
             txn_first_offset: Some(base),
+            txn_number: Some(4),
             coordinator_generation: 3,
             last_update_ms: 9,
         };

@@ -564,6 +564,7 @@ mod tests {
                 base_offset: 0,
             }]),
             txn_first_offset: Some(0),
+            txn_number: None,
             coordinator_generation: -1,
             last_update_ms: 10,
         };
@@ -571,6 +572,7 @@ mod tests {
             epoch: 4,
             batches: VecDeque::new(),
             txn_first_offset: None,
+            txn_number: None,
             coordinator_generation: 9,
             last_update_ms: 11,
         };
@@ -651,6 +653,7 @@ mod tests {
                         base_offset,
                     }]),
                     txn_first_offset: None,
+                    txn_number: None,
                     coordinator_generation: -1,
                     last_update_ms,
                 },
