@@ -1,6 +1,6 @@
 //! Cluster membership: only nodes that hold the cluster secret may call the internal APIs
-//! (WriteTxnMarkers, VerifyTransaction, WriteGroupOffsetMarker), and only nodes that run the same
-//! topology are believed.
+//! (WriteTxnMarkers, VerifyTransaction, WriteGroupOffsetMarker, and TxnOffsetCommit as a group's
+//! coordinator hands it on), and only nodes that run the same topology are believed.
 //!
 //! Every internal request carries a [`proto::ClusterAuth`]: the sender's node id, a timestamp,
 //! the fingerprint of the sender's topology, and an HMAC-SHA256 under the cluster secret over
@@ -161,6 +161,7 @@ internal_request!(
     proto::WriteGroupOffsetMarkerRequest,
     "WriteGroupOffsetMarker"
 );
+internal_request!(proto::TxnOffsetCommitRequest, "TxnOffsetCommit");
 
 /// What a node signs its internal requests with.
 #[derive(Clone, Debug)]
@@ -220,6 +221,16 @@ pub enum AuthError {
         /// The transactional id.
         transactional_id: String,
         /// Its owner under this node's topology.
+        owner: NodeId,
+    },
+    /// A TxnOffsetCommit handed on by a node that does not coordinate its group.
+    #[error("node {sender} handed on a TxnOffsetCommit for group {group:?}, whose coordinator is {owner}")]
+    NotGroupCoordinator {
+        /// The authenticated sender.
+        sender: NodeId,
+        /// The group.
+        group: String,
+        /// The group's coordinator under this node's topology.
         owner: NodeId,
     },
     /// The sender runs another topology.

@@ -755,6 +755,7 @@ impl KafkaCoordinator {
             producer_epoch: i32::from(r.producer_epoch),
             group_id: r.group_id.0.to_string(),
             offsets,
+            auth: None,
         };
         let code = match fenced {
             Err(code) => code,

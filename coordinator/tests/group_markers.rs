@@ -245,8 +245,8 @@ async fn the_marker_writer_records_its_fence_so_its_own_late_marker_is_refused()
     let topology = cluster.topology.clone();
     let id = cluster.id_owned_by(1, "txn-group-fence");
     let group = cluster.id_owned_by(2, "group");
-    let mut t = Txn::new(cluster.client(1).await, &id);
     let mut gc = cluster.client(2).await;
+    let mut t = Txn::new(cluster.client(1).await, &id).with_group_client(gc.clone());
 
     let pe = t.init().await;
     let first = commit_offset(&mut t, pe, &group, 42).await;
@@ -272,8 +272,8 @@ async fn a_group_refusing_as_fenced_stops_the_writer_without_completing() {
     let topology = cluster.topology.clone();
     let id = cluster.id_owned_by(1, "txn-group-gen");
     let group = cluster.id_owned_by(2, "group");
-    let mut t = Txn::new(cluster.client(1).await, &id);
     let mut gc = cluster.client(2).await;
+    let mut t = Txn::new(cluster.client(1).await, &id).with_group_client(gc.clone());
     // The group has already seen coordinator 1 at a generation above its current one (1).
     assert_eq!(
         Marker::abort(&group, 999_999, 0)
@@ -301,8 +301,8 @@ async fn a_group_holding_a_newer_epoch_acknowledges_an_abort_but_never_completes
     let topology = cluster.topology.clone();
     let id = cluster.id_owned_by(1, "txn-group-epoch");
     let group = cluster.id_owned_by(2, "group");
-    let mut t = Txn::new(cluster.client(1).await, &id);
     let mut gc = cluster.client(2).await;
+    let mut t = Txn::new(cluster.client(1).await, &id).with_group_client(gc.clone());
     let pe = t.init().await;
     // Something (another sender, so no generation is involved) already ended a transaction of
     // this PID at the highest epoch in this group.
@@ -431,7 +431,7 @@ async fn a_restarted_coordinator_resending_a_version_1_commit_keeps_newer_offset
     let other = cluster.id_owned_by(1, "txn-v1-other");
     let group = cluster.id_owned_by(2, "group");
     let mut gc = cluster.client(2).await;
-    let mut t = Txn::v1(cluster.client(1).await, &id);
+    let mut t = Txn::v1(cluster.client(1).await, &id).with_group_client(gc.clone());
 
     let pe = t.init().await;
     cluster.leaders[0].set_ack(false);
@@ -450,7 +450,7 @@ async fn a_restarted_coordinator_resending_a_version_1_commit_keeps_newer_offset
     .await;
     assert_eq!(t.describe().await.state, TxnState::PrepareCommit as i32);
 
-    let mut o = Txn::new(cluster.client(1).await, &other);
+    let mut o = Txn::new(cluster.client(1).await, &other).with_group_client(gc.clone());
     let ope = o.init().await;
     commit_offset(&mut o, ope, &group, 200).await;
     assert_eq!(offsets(&mut gc, &group).await.0, 200);

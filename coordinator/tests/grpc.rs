@@ -118,8 +118,8 @@ async fn commit_writes_markers_with_the_new_epoch_and_offsets_become_visible() {
     let id = cluster.id_owned_by(1, "txn-commit");
     // A group owned by the other coordinator: the group marker crosses gRPC.
     let group = cluster.id_owned_by(2, "group");
-    let mut t = Txn::new(cluster.client(1).await, &id);
     let mut gc = cluster.client(2).await;
+    let mut t = Txn::new(cluster.client(1).await, &id).with_group_client(gc.clone());
     let pe = t.init().await;
     assert_eq!(
         t.add(pe, vec![tp("t", 0), tp("t", 1), tp("t", 2)]).await,
@@ -855,15 +855,15 @@ async fn an_idle_transactional_id_expires_and_its_old_instance_stays_fenced() {
 /// transaction is node 1's) leaves its partitions pending there until the transaction's group
 /// marker is applied. Meanwhile a stable OffsetFetch answers UNSTABLE_OFFSET_COMMIT (for any
 /// partition of the group when it names none) and a plain one the older offset. A commit the
-/// transaction refuses leaves nothing pending. A node that does not coordinate the group takes
-/// the commit only as the transaction's coordinator, recording nothing, else NOT_COORDINATOR.
+/// transaction refuses leaves nothing pending. A node that does not coordinate the group takes a
+/// commit only handed on by the group's coordinator, else NOT_COORDINATOR.
 #[tokio::test]
 async fn offsets_sent_to_the_groups_coordinator_are_pending_until_the_marker() {
     let cluster = Cluster::start(2).await;
     let id = cluster.id_owned_by(1, "txn-447");
     let group = cluster.id_owned_by(2, "group-447");
-    let mut t = Txn::new(cluster.client(1).await, &id);
     let mut gc = cluster.client(2).await;
+    let mut t = Txn::new(cluster.client(1).await, &id).with_group_client(gc.clone());
     let mut via_group = Txn::new(gc.clone(), &id);
     t.init().await;
     let pe = t.init().await;
@@ -918,18 +918,59 @@ async fn offsets_sent_to_the_groups_coordinator_are_pending_until_the_marker() {
         (ErrorCode::None, vec![("t".into(), 0, 42)])
     );
 
-    // Straight to the transaction's coordinator (node 1 does not coordinate the group): taken,
-    // and nothing is pending at the group's coordinator.
+    // Straight to the transaction's coordinator (node 1 does not coordinate the group):
+    // NOT_COORDINATOR, since the group's coordinator would never know it is pending; the
+    // transaction does not hold it. Handed on signed by a node other than the group's
+    // coordinator: refused as well.
     assert_eq!(t.add_offsets(next, &group).await, ErrorCode::None);
+    let mut direct = Txn::new(cluster.client(1).await, &id);
     assert_eq!(
-        t.commit_offsets(next, &group, &[("t", 0, 50)]).await,
+        direct.commit_offsets(next, &group, &[("t", 0, 50)]).await,
+        ErrorCode::NotCoordinator
+    );
+    let mut forged = proto::TxnOffsetCommitRequest {
+        transactional_id: id.clone(),
+        producer_id: next.0,
+        producer_epoch: next.1,
+        group_id: group.clone(),
+        offsets: vec![proto::PartitionOffset {
+            topic: "t".into(),
+            partition: 0,
+            offset: 51,
+        }],
+        auth: None,
+    };
+    testkit::auth::sign(&cluster.topology, 1, &mut forged);
+    let r = direct
+        .client
+        .txn_offset_commit(forged)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(r.error_code), ErrorCode::ClusterAuthorizationFailed);
+    let ended = t.end(next, true).await;
+    t.wait_state(TxnState::CompleteCommit).await;
+    assert_eq!(
+        stable(&gc, vec![tp("t", 0)]).await,
+        (ErrorCode::None, vec![("t".into(), 0, 42)]),
+        "neither commit was part of the transaction"
+    );
+    // The same commit through the group's coordinator: pending, then applied.
+    assert_eq!(t.add_offsets(ended, &group).await, ErrorCode::None);
+    assert_eq!(
+        t.commit_offsets(ended, &group, &[("t", 0, 50)]).await,
         ErrorCode::None
     );
     assert_eq!(
-        stable(&gc, vec![tp("t", 0)]).await,
-        (ErrorCode::None, vec![("t".into(), 0, 42)])
+        stable(&gc, vec![tp("t", 0)]).await.0,
+        ErrorCode::UnstableOffsetCommit
     );
-    t.end(next, false).await;
+    t.end(ended, true).await;
+    t.wait_state(TxnState::CompleteCommit).await;
+    assert_eq!(
+        stable(&gc, vec![tp("t", 0)]).await,
+        (ErrorCode::None, vec![("t".into(), 0, 50)])
+    );
 
     // A node that coordinates neither the group nor the transaction: NOT_COORDINATOR.
     let other = cluster.id_owned_by(2, "txn-other");
@@ -945,7 +986,7 @@ async fn offsets_sent_to_the_groups_coordinator_are_pending_until_the_marker() {
     );
     assert_eq!(
         stable(&gc, vec![tp("t", 0)]).await,
-        (ErrorCode::None, vec![("t".into(), 0, 42)])
+        (ErrorCode::None, vec![("t".into(), 0, 50)])
     );
 }
 
@@ -957,8 +998,8 @@ async fn offsets_whose_forwarding_got_no_answer_stay_pending_until_the_marker() 
     let mut cluster = Cluster::start(2).await;
     let id = cluster.id_owned_by(1, "txn-unknown");
     let group = cluster.id_owned_by(2, "group-unknown");
-    let mut t = Txn::new(cluster.client(1).await, &id);
     let mut gc = cluster.client(2).await;
+    let mut t = Txn::new(cluster.client(1).await, &id).with_group_client(gc.clone());
     let pe = t.init().await;
     assert_eq!(t.add_offsets(pe, &group).await, ErrorCode::None);
     cluster.stop(1).await;

@@ -472,6 +472,7 @@ impl TransactionalProducer {
                     offset: *offset,
                 })
                 .collect(),
+            auth: None,
         };
         // To the group's coordinator, which records the offsets as pending (a read_committed
         // consumer's OffsetFetch then waits for this transaction's marker) and hands them to

@@ -213,12 +213,11 @@ pub fn write_group_marker(
 /// transaction refused the commit), and must not keep a partition unreadable forever.
 ///
 /// Both faces track it: Kafka clients and our own client send TxnOffsetCommit to the group's
-/// coordinator. CAVEATS: a TxnOffsetCommit sent straight to the transaction's coordinator (a
-/// client older than this, or a node that does not coordinate the group) is not tracked. The
-/// disk keeps the epoch but not the count of the holds: an entry loaded at start is one hold
-/// (the commits of that epoch are one transaction, which one marker ends). An entry written
-/// before the disk kept epochs loads with [`Self::UNKNOWN_EPOCH`], so any marker of its PID
-/// ends it.
+/// coordinator, and a node that does not coordinate the group takes only a commit the group's
+/// coordinator handed on. CAVEATS: the disk keeps the epoch but not the count of the holds:
+/// an entry loaded at start is one hold (the commits of that epoch are one transaction, which
+/// one marker ends). An entry written before the disk kept epochs loads with
+/// [`Self::UNKNOWN_EPOCH`], so any marker of its PID ends it.
 #[derive(Clone, Debug, Default)]
 pub struct PendingTxnOffsets {
     /// Group -> partition -> the commits holding it.

@@ -139,11 +139,12 @@ impl Shared {
     /// between; they stop being pending when the transaction's marker for the group is applied,
     /// or, for this commit's own hold, at once if the transaction's coordinator refuses it (what
     /// another accepted or unanswered commit holds stays, see [`core::PendingTxnOffsets`]).
-    /// That coordinator is this node or, over gRPC, the owner of the transactional id. A node that does not coordinate the
-    /// group records nothing (no marker would come here to complete it) and applies the
-    /// request itself as the transaction's coordinator (a request forwarded to it, or a client
-    /// that sends it there), or answers NOT_COORDINATOR: so a request is forwarded at most once.
-    /// The transaction coordinator's answer, as a wire code and message.
+    /// That coordinator is this node or, over gRPC, the owner of the transactional id, to
+    /// which the commit is handed on signed. A node that does not coordinate the group takes
+    /// only such a commit, from the group's coordinator, and applies it as the transaction's
+    /// coordinator (so a request is forwarded at most once); a client's commit sent there
+    /// (unsigned) is NOT_COORDINATOR, since the group's coordinator would never know it is
+    /// pending. The transaction coordinator's answer, as a wire code and message.
     pub(super) async fn txn_offset_commit_at_group(
         self: &Arc<Self>,
         request: proto::TxnOffsetCommitRequest,
@@ -152,8 +153,18 @@ impl Shared {
             Ok(checked) => checked,
             Err(e) => return code_of::<()>(&Err(e)),
         };
-        if self.check_owner(&group).is_err() {
-            return code_of(&self.txn_offset_commit(caller, group, offsets).await);
+        if let Err(not_coordinator) = self.check_owner(&group) {
+            if request.auth.is_none() {
+                return code_of::<()>(&Err(not_coordinator));
+            }
+            let result = match self
+                .authenticate(&request, true)
+                .and_then(|sender| self.check_group_coordinator(sender, &group))
+            {
+                Ok(()) => self.txn_offset_commit(caller, group, offsets).await,
+                Err(e) => Err(e),
+            };
+            return code_of(&result);
         }
         let partitions: Vec<TopicPartition> = offsets.iter().map(|(tp, _)| tp.clone()).collect();
         let producer = caller.producer;
@@ -187,14 +198,15 @@ impl Shared {
         }
     }
 
-    /// TxnOffsetCommit handed to `owner`, the transactional id's coordinator, over gRPC (a
-    /// client API, so unsigned) on this node's cached channel: its answer, or why there was
-    /// none (the outcome is then unknown).
+    /// TxnOffsetCommit handed to `owner`, the transactional id's coordinator, over gRPC on
+    /// this node's cached channel, signed as the group's coordinator: its answer, or why there
+    /// was none (the outcome is then unknown).
     async fn forward_txn_offset_commit(
         &self,
         owner: &cluster::Node,
-        request: proto::TxnOffsetCommitRequest,
+        mut request: proto::TxnOffsetCommitRequest,
     ) -> Result<(i32, String), String> {
+        self.sign(&mut request);
         let channel = self.channel(&owner.address)?;
         match TransactionCoordinatorClient::new(channel)
             .txn_offset_commit(request)

@@ -77,6 +77,21 @@ impl Shared {
         Ok(())
     }
 
+    /// A TxnOffsetCommit handed on may come from its group's coordinator only.
+    pub(super) fn check_group_coordinator(&self, sender: NodeId, group: &str) -> Result<(), Error> {
+        let owner = self.topology.coordinator_for(group).id;
+        if sender != owner {
+            let refused = AuthError::NotGroupCoordinator {
+                sender,
+                group: group.to_string(),
+                owner,
+            };
+            error!(node_id = self.node_id, error = %refused, "TxnOffsetCommit refused");
+            return Err(refused.into());
+        }
+        Ok(())
+    }
+
     /// A group marker may come from the coordinator that owns its transactional id only.
     pub(super) fn check_marker_sender(
         &self,

@@ -212,6 +212,9 @@ pub struct Txn {
     pub id: String,
     /// The client transaction version InitProducerId asks for (2 unless [`Txn::v1`]).
     pub version: i32,
+    /// Where TxnOffsetCommit goes: the group's coordinator ([`Txn::with_group_client`]; `None`:
+    /// `client`, which must then coordinate the group).
+    pub group_client: Option<Client>,
 }
 
 impl Txn {
@@ -220,6 +223,15 @@ impl Txn {
             client,
             id: id.to_string(),
             version: 2,
+            group_client: None,
+        }
+    }
+
+    /// TxnOffsetCommit goes to `group_client` (the group's coordinator, as clients send it).
+    pub fn with_group_client(self, group_client: Client) -> Self {
+        Self {
+            group_client: Some(group_client),
+            ..self
         }
     }
 
@@ -318,7 +330,10 @@ impl Txn {
         offsets: &[(&str, i32, i64)],
     ) -> ErrorCode {
         let r = self
-            .client
+            .group_client
+            .as_ref()
+            .unwrap_or(&self.client)
+            .clone()
             .txn_offset_commit(TxnOffsetCommitRequest {
                 transactional_id: self.id.clone(),
                 producer_id: pe.0,
@@ -332,6 +347,7 @@ impl Txn {
                         offset: *o,
                     })
                     .collect(),
+                auth: None,
             })
             .await
             .unwrap()
