@@ -846,3 +846,49 @@ async fn a_refused_commit_of_a_zombie_keeps_the_live_commit_pending() {
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }
+
+/// The pending offsets are ordered per group: a group's marker does not wait for a commit of
+/// another group whose write is still on its way to disk.
+#[tokio::test]
+async fn a_group_marker_does_not_wait_for_a_commit_of_another_group() {
+    let cluster = Cluster::start(1).await;
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    let (mut client, stop, task) = serve_on(&cluster, storage.clone()).await;
+    let mut held = Txn::new(client.clone(), "txn-held-group");
+    let held_pe = held.init().await;
+    assert_eq!(held.add_offsets(held_pe, "ga").await, ErrorCode::None);
+    let mut free = Txn::new(client.clone(), "txn-free-group");
+    let free_pe = free.init().await;
+    assert_eq!(free.add_offsets(free_pe, "gb").await, ErrorCode::None);
+
+    storage.hold_next_pending_put.store(true, Ordering::SeqCst);
+    let slow =
+        tokio::spawn(async move { held.commit_offsets(held_pe, "ga", &[("t", 0, 5)]).await });
+    eventually("group ga's commit is on its way to disk", || async {
+        storage
+            .pending_put_held
+            .load(Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    // Group gb's transaction commits, and its marker applies meanwhile.
+    assert_eq!(
+        free.commit_offsets(free_pe, "gb", &[("t", 0, 7)]).await,
+        ErrorCode::None
+    );
+    free.end(free_pe, true).await;
+    let completed = tokio::time::timeout(
+        Duration::from_secs(5),
+        free.wait_state(TxnState::CompleteCommit),
+    )
+    .await;
+    // Released before any assertion, so a failure does not leave the write blocked.
+    storage.release_pending_put();
+    completed.expect("gb's marker waited for ga's commit");
+    let (code, offsets) = offset_fetch_as(&mut client, "gb", vec![tp("t", 0)], true).await;
+    assert_eq!((code, offsets), (ErrorCode::None, vec![("t".into(), 0, 7)]));
+    assert_eq!(slow.await.unwrap(), ErrorCode::None);
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}

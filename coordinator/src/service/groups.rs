@@ -42,7 +42,7 @@ impl Shared {
         let (epoch, generation, result) =
             (marker.epoch, marker.coordinator_generation, marker.result);
         // The pending entries change in memory and on disk as one step (see `pending_writes`).
-        let _pending = self.pending_writes.write().await;
+        let _pending = self.pending_writes.write(&group).await;
         match core::write_group_marker(&fence, marker) {
             Err(e) => {
                 warn!(%group, pid, epoch, coordinator, generation, ?result,
@@ -110,7 +110,7 @@ impl Shared {
     ) -> Result<(), Error> {
         let written = {
             // Shared: commits record side by side; a removal waits (see `pending_writes`).
-            let _pending = self.pending_writes.read().await;
+            let _pending = self.pending_writes.read(group).await;
             let now = cluster::node::now_ms();
             lock(&self.pending_txn_offsets).record(
                 group,
@@ -241,7 +241,7 @@ impl Shared {
     ) {
         // Exclusive: no commit records between the memory's decision and the disk's removal
         // (its record would be removed from disk under it).
-        let _pending = self.pending_writes.write().await;
+        let _pending = self.pending_writes.write(group).await;
         let producer_id = producer.producer_id;
         let released =
             lock(&self.pending_txn_offsets).forget(group, producer_id, producer.epoch, partitions);

@@ -1,9 +1,9 @@
-//! One async lock per key (per consumer group), created on first use and removed again when
-//! nobody holds or waits for it, so a node that sees millions of groups over its life keeps
-//! locks only for the groups it is busy with.
+//! One async lock (a mutex or a read/write lock) per key (per consumer group), created on first
+//! use and removed again when nobody holds or waits for it, so a node that sees millions of
+//! groups over its life keeps locks only for the groups it is busy with.
 //!
 //! The map's own copy of a lock is its only reference when idle: a holder or waiter keeps a
-//! clone. Both the clone (in [`KeyedLocks::lock`]) and the removal (when a [`KeyedGuard`] drops)
+//! clone. Both the clone (when a caller asks for a key's lock) and the removal (when a [`KeyedGuard`] drops)
 //! happen under the map's mutex, so a lock is never removed while someone can still reach it,
 //! and two callers of one key always share one lock.
 
@@ -11,34 +11,44 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cluster::node::lock;
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use tokio::sync::{
+    Mutex as AsyncMutex, OwnedMutexGuard, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock,
+};
 
-/// The locks, by key.
+/// The locks, by key: async mutexes ([`KeyedLocks::lock`]) or read/write locks
+/// ([`KeyedLocks::read`], [`KeyedLocks::write`]).
 #[derive(Debug, Default)]
-pub(super) struct KeyedLocks {
-    locks: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+pub(super) struct KeyedLocks<L = AsyncMutex<()>> {
+    locks: Mutex<HashMap<String, Arc<L>>>,
 }
 
-/// A held lock: dropping it releases the lock and, if nobody else holds or waits for it,
-/// removes it from the map.
-pub(super) struct KeyedGuard<'a> {
-    locks: &'a KeyedLocks,
+/// A held lock (`G`: the lock's owned guard): dropping it releases the lock and, if nobody else
+/// holds or waits for it, removes it from the map.
+pub(super) struct KeyedGuard<'a, L, G> {
+    locks: &'a KeyedLocks<L>,
     key: String,
+    /// The lock: the map's copy and this one are all that is left when nobody else holds or
+    /// waits for it.
+    shared: Arc<L>,
     /// `Some` until dropped.
-    guard: Option<OwnedMutexGuard<()>>,
+    guard: Option<G>,
 }
 
-impl KeyedLocks {
-    /// Waits for the lock of `key`.
-    pub(super) async fn lock(&self, key: &str) -> KeyedGuard<'_> {
-        let mutex = lock(&self.locks)
+impl<L: Default> KeyedLocks<L> {
+    /// The lock of `key` (created if needed), cloned under the map's mutex.
+    fn shared(&self, key: &str) -> Arc<L> {
+        lock(&self.locks)
             .entry(key.to_string())
             .or_default()
-            .clone();
+            .clone()
+    }
+
+    fn guard<G>(&self, key: &str, shared: Arc<L>, guard: G) -> KeyedGuard<'_, L, G> {
         KeyedGuard {
             locks: self,
             key: key.to_string(),
-            guard: Some(mutex.lock_owned().await),
+            shared,
+            guard: Some(guard),
         }
     }
 
@@ -49,17 +59,47 @@ impl KeyedLocks {
     }
 }
 
-impl Drop for KeyedGuard<'_> {
+impl KeyedLocks<AsyncMutex<()>> {
+    /// Waits for the lock of `key`.
+    pub(super) async fn lock(
+        &self,
+        key: &str,
+    ) -> KeyedGuard<'_, AsyncMutex<()>, OwnedMutexGuard<()>> {
+        let shared = self.shared(key);
+        let guard = shared.clone().lock_owned().await;
+        self.guard(key, shared, guard)
+    }
+}
+
+impl KeyedLocks<RwLock<()>> {
+    /// Waits for the lock of `key`, shared.
+    pub(super) async fn read(
+        &self,
+        key: &str,
+    ) -> KeyedGuard<'_, RwLock<()>, OwnedRwLockReadGuard<()>> {
+        let shared = self.shared(key);
+        let guard = shared.clone().read_owned().await;
+        self.guard(key, shared, guard)
+    }
+
+    /// Waits for the lock of `key`, exclusive.
+    pub(super) async fn write(
+        &self,
+        key: &str,
+    ) -> KeyedGuard<'_, RwLock<()>, OwnedRwLockWriteGuard<()>> {
+        let shared = self.shared(key);
+        let guard = shared.clone().write_owned().await;
+        self.guard(key, shared, guard)
+    }
+}
+
+impl<L, G> Drop for KeyedGuard<'_, L, G> {
     fn drop(&mut self) {
-        let Some(guard) = self.guard.take() else {
-            return;
-        };
-        let mutex = OwnedMutexGuard::mutex(&guard).clone();
-        drop(guard);
+        drop(self.guard.take());
         let mut locks = lock(&self.locks.locks);
-        // The map's copy and `mutex`: nobody else holds the lock or waits for it (a waiter
+        // The map's copy and `shared`: nobody else holds the lock or waits for it (a waiter
         // holds a clone taken under this same map mutex).
-        if Arc::strong_count(&mutex) == 2 {
+        if Arc::strong_count(&self.shared) == 2 {
             locks.remove(&self.key);
         }
     }
@@ -135,5 +175,26 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(locks.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn readers_share_a_key_a_writer_excludes_them_and_keys_are_apart() {
+        let locks = Arc::new(KeyedLocks::<RwLock<()>>::default());
+        let r1 = locks.read("g").await;
+        let _r2 = locks.read("g").await;
+        // Another key is not held up by them.
+        drop(locks.write("other").await);
+        let writer = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let _w = locks.write("g").await;
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!writer.is_finished(), "a writer got in beside readers");
+        drop(r1);
+        drop(_r2);
+        writer.await.unwrap();
+        assert_eq!(locks.len(), 0, "nothing left behind");
     }
 }

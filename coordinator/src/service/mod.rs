@@ -293,7 +293,7 @@ async fn serve_inner(
         txns: Mutex::new(HashMap::new()),
         groups: keyed_lock::KeyedLocks::default(),
         pending_txn_offsets: Mutex::new(crate::core::PendingTxnOffsets::default()),
-        pending_writes: tokio::sync::RwLock::new(()),
+        pending_writes: keyed_lock::KeyedLocks::default(),
         pids: tokio::sync::Mutex::new(None),
         channels: Mutex::new(HashMap::new()),
         leader_queues: Mutex::new(HashMap::new()),
@@ -451,12 +451,12 @@ struct Shared {
     /// KIP-447: transactional offsets of the groups this node coordinates whose marker has
     /// not been applied yet (recorded by the Kafka face, completed by `write_group_marker`).
     pending_txn_offsets: Mutex<crate::core::PendingTxnOffsets>,
-    /// Orders the changes of the pending offsets that span memory and disk: a commit records
-    /// (memory, then disk) under a read guard, so commits record side by side; a refused
-    /// commit's release and a group marker's removal (memory and disk) take the write guard,
-    /// so a disk removal never deletes the record of a commit that recorded after the memory
-    /// decided.
-    pending_writes: tokio::sync::RwLock<()>,
+    /// Orders the changes of a group's pending offsets that span memory and disk, per group: a
+    /// commit records (memory, then disk) under the group's read guard, so commits record side
+    /// by side; a refused commit's release and a group marker's removal (memory and disk) take
+    /// the group's write guard, so a disk removal never deletes the record of a commit that
+    /// recorded after the memory decided. Other groups go on meanwhile.
+    pending_writes: keyed_lock::KeyedLocks<tokio::sync::RwLock<()>>,
     /// `None` until loaded.
     pids: tokio::sync::Mutex<Option<PidAllocator>>,
     /// One lazily connected channel per peer address.
