@@ -24,9 +24,9 @@
 //! while the next one is open, would otherwise close it at a leader or put the group's offsets
 //! back. A sender that retries signs again (fresh timestamp and nonce), so a retry is never a
 //! replay. The memory starts empty when a receiver starts, so a receiver also refuses what was
-//! signed before it started ([`ReplayGuard::starting_at`]): a request captured before a restart
-//! cannot be replayed to the new process, and a sender whose marker was in flight across the
-//! restart signs it again.
+//! signed before it started ([`ReplayGuard::starting_at`]), with a retriable code: a request
+//! captured before a restart cannot be replayed to the new process, and a sender whose request
+//! was in flight across the restart sends it again, signed afresh.
 //!
 //! CAVEATS: no confidentiality (requests travel in clear, as on a PLAINTEXT listener); every
 //! member holds the same secret, so a member is trusted not to impersonate another member; a
@@ -246,10 +246,13 @@ pub enum AuthError {
 }
 
 impl AuthError {
-    /// The wire code.
+    /// The wire code. A request signed before the receiver started is COORDINATOR_LOAD_IN_PROGRESS,
+    /// retriable for every sender: a marker writer, and a client whose TxnOffsetCommit the
+    /// group's coordinator handed on (its next attempt is signed afresh).
     pub fn code(&self) -> proto::ErrorCode {
         match self {
             AuthError::TopologyMismatch { .. } => proto::ErrorCode::InconsistentClusterId,
+            AuthError::SignedBeforeStart { .. } => proto::ErrorCode::CoordinatorLoadInProgress,
             _ => proto::ErrorCode::ClusterAuthorizationFailed,
         }
     }
@@ -503,6 +506,11 @@ mod tests {
             })
         );
         assert!(restarted.is_empty(), "nothing remembered for it");
+        // Retriable: a legitimate request in flight across the restart is sent again.
+        assert_eq!(
+            restarted.admit(&r, 1_600).unwrap_err().code(),
+            proto::ErrorCode::CoordinatorLoadInProgress
+        );
         // The sender's retry is signed afresh.
         let mut retry = marker();
         sign(&creds(SECRET, 1), &mut retry, 1_600);
