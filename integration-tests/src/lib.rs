@@ -18,6 +18,8 @@
 //!   running (fenced), with every input record in the output exactly once.
 //! - `tests/demo.rs`: `minibroker demo` passes, and fails when the leaders skip the epoch check.
 //! - `tests/compose.rs` (issue 5): the docker compose scenario.
+//! - `tests/kafka_fuzz.rs`: mutated and forged Kafka requests to every node: no panic, every node
+//!   still serves, the stored log reads the same after a restart.
 
 use std::collections::BTreeMap;
 use std::path::Path;
