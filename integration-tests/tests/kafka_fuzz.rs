@@ -13,15 +13,17 @@
 //!
 //! Checked: no panic anywhere in the process (a panic hook counts them: a panic in a node's
 //! task would otherwise only cost a connection, unseen), the process is alive (an allocation
-//! abort ends the test binary), every node still answers ApiVersions, what the leaders stored
+//! abort ends the test binary), every node still answers ApiVersions, no producer id's epoch goes
+//! down within a partition's log (no zombie write got through), what the leaders stored
 //! reads to its end and reads the same after every node restarted (recovery parses it), and
 //! the cluster still runs a transaction that a read_committed reader sees exactly once.
 //!
-//! Size: `MINIBROKER_FUZZ_FRAMES` frames (default 3,000: under a minute in a debug build),
+//! Size: `MINIBROKER_FUZZ_FRAMES` frames (default 10,000: a few seconds in a debug build),
 //! seeded by `MINIBROKER_FUZZ_SEED` (default fixed, so a failure reproduces; the seed is
 //! printed). A longer run: `MINIBROKER_FUZZ_FRAMES=200000 MINIBROKER_FUZZ_SEED=$RANDOM cargo
 //! test --release -p integration-tests --test kafka_fuzz -- --nocapture`.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -35,6 +37,7 @@ use kafka_protocol::records::{
     Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
 use kafka_wire::apis::{ApiRange, COMMON_APIS, COORDINATOR_APIS, LEADER_APIS};
+use minibroker::{EmbeddedCluster, EmbeddedOptions};
 use producer_client::Isolation;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -555,16 +558,9 @@ async fn answers_api_versions(address: SocketAddr) -> bool {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mutated_kafka_requests_never_panic_a_node_nor_stop_it_serving() {
-    count_panics();
-    let frames = env_u64("MINIBROKER_FUZZ_FRAMES", 3_000);
-    let seed = env_u64("MINIBROKER_FUZZ_SEED", 0x6d69_6e69_6272_6f6b);
-    println!(
-        "kafka fuzz: {frames} frames, seed {seed} (MINIBROKER_FUZZ_FRAMES, MINIBROKER_FUZZ_SEED)"
-    );
-    let cluster = cluster().await;
-
+/// Sends `frames` mutated or forged frames (seeded by `seed`) to every node of `cluster`, from
+/// eight senders at once; returns how many were answered, closed the connection, or waited.
+async fn fuzz(cluster: &EmbeddedCluster, frames: u64, seed: u64) -> [u64; 3] {
     // A live transactional id, so that mutated requests carry a PID and epoch the coordinator
     // and the leaders know.
     let coordinator = cluster
@@ -597,12 +593,6 @@ async fn mutated_kafka_requests_never_panic_a_node_nor_stop_it_serving() {
         let address = cluster.kafka_address(id).expect("Kafka listener");
         targets.push((address, leader_seeds.clone(), true));
     }
-    println!(
-        "{} coordinator seeds, {} leader seeds, {} nodes",
-        coordinator_seeds.len(),
-        leader_seeds.len(),
-        targets.len()
-    );
 
     let started = Instant::now();
     let targets = Arc::new(targets);
@@ -636,28 +626,80 @@ async fn mutated_kafka_requests_never_panic_a_node_nor_stop_it_serving() {
         }
     }
     println!(
-        "{frames} frames in {:.1} s: {} answered, {} closed the connection, {} waited",
+        "{frames} frames ({} coordinator seeds, {} leader seeds, {} nodes) in {:.1} s: \
+         {} answered, {} closed the connection, {} waited",
+        coordinator_seeds.len(),
+        leader_seeds.len(),
+        targets.len(),
         started.elapsed().as_secs_f64(),
         outcomes[0],
         outcomes[1],
         outcomes[2]
-    );
-    assert!(
-        outcomes[0] > frames / 10,
-        "too few frames reached a handler: {outcomes:?}"
-    );
-
-    let panics = PANICS.load(Ordering::SeqCst);
-    let messages = PANIC_MESSAGES.lock().map(|m| m.clone()).unwrap_or_default();
-    assert_eq!(
-        panics, 0,
-        "nodes panicked on mutated requests: {messages:#?}"
     );
     for (address, _, _) in targets.iter() {
         assert!(
             answers_api_versions(*address).await,
             "{address} stopped answering ApiVersions"
         );
+    }
+    outcomes
+}
+
+/// The first place where a producer id's epoch goes down within a partition of [`TOPIC`]: a
+/// write from a fenced instance that got through.
+async fn epoch_going_down(cluster: &EmbeddedCluster) -> Option<String> {
+    let mut consumer = producer_client::Consumer::new(config(cluster), Isolation::ReadUncommitted)
+        .expect("consumer");
+    consumer.assign_topics(&[TOPIC]).await.expect("assign");
+    let records = consumer
+        .read_to_end(Duration::from_secs(20))
+        .await
+        .expect("read to end");
+    let mut last: HashMap<(i32, i64), (i64, i32)> = HashMap::new();
+    for r in records.iter().filter(|r| r.producer_id >= 0) {
+        let key = (r.partition.partition, r.producer_id);
+        if let Some((offset, epoch)) = last.get(&key) {
+            if r.producer_epoch < *epoch {
+                return Some(format!(
+                    "{TOPIC}-{} offset {}: PID {} wrote at epoch {} after epoch {epoch} at offset {offset}",
+                    r.partition.partition, r.offset, r.producer_id, r.producer_epoch
+                ));
+            }
+        }
+        last.insert(key, (r.offset, r.producer_epoch));
+    }
+    None
+}
+
+fn panics() -> (u64, Vec<String>) {
+    let messages = PANIC_MESSAGES.lock().map(|m| m.clone()).unwrap_or_default();
+    (PANICS.load(Ordering::SeqCst), messages)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutated_kafka_requests_never_panic_a_node_nor_stop_it_serving() {
+    count_panics();
+    let frames = env_u64("MINIBROKER_FUZZ_FRAMES", 10_000);
+    let seed = env_u64("MINIBROKER_FUZZ_SEED", 0x6d69_6e69_6272_6f6b);
+    println!(
+        "kafka fuzz: {frames} frames, seed {seed} (MINIBROKER_FUZZ_FRAMES, MINIBROKER_FUZZ_SEED)"
+    );
+    let mut cluster = cluster().await;
+    let outcomes = fuzz(&cluster, frames, seed).await;
+    assert!(
+        outcomes[0] > frames / 10,
+        "too few frames reached a handler: {outcomes:?}"
+    );
+    let (count, messages) = panics();
+    assert_eq!(
+        count, 0,
+        "nodes panicked on mutated requests: {messages:#?}"
+    );
+
+    // No zombie write got through: in every partition, the batches of one producer id carry
+    // epochs that never go down, whatever the fuzz forged.
+    if let Some(zombie) = epoch_going_down(&cluster).await {
+        panic!("{zombie}");
     }
 
     // What the fuzz stored is a log like any other: it reads to its end, and every node
@@ -667,7 +709,6 @@ async fn mutated_kafka_requests_never_panic_a_node_nor_stop_it_serving() {
         "{} records stored on {TOPIC} by the fuzz",
         stored.values().map(Vec::len).sum::<usize>()
     );
-    let mut cluster = cluster;
     let nodes: Vec<_> = cluster
         .coordinator_ids()
         .into_iter()
@@ -699,6 +740,31 @@ async fn mutated_kafka_requests_never_panic_a_node_nor_stop_it_serving() {
         .map(|v| v.iter().filter(|r| r.as_str() == "after-fuzz").count())
         .sum();
     assert_eq!(seen, 1, "{read:?}");
-    assert_eq!(PANICS.load(Ordering::SeqCst), 0);
+    let (count, messages) = panics();
+    assert_eq!(count, 0, "{messages:#?}");
+    cluster.shutdown().await.unwrap();
+}
+
+/// The control: against leaders that skip the epoch check on purpose, the same fuzz gets a
+/// fenced epoch's write into the log and the check above sees it, so a broken fence cannot
+/// pass the fuzz silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fuzz_catches_leaders_that_skip_the_epoch_check() {
+    count_panics();
+    let cluster = cluster_with(EmbeddedOptions {
+        unsafe_skip_epoch_check: true,
+        ..EmbeddedOptions::default()
+    })
+    .await;
+    let mut caught = None;
+    for round in 0..5 {
+        fuzz(&cluster, 10_000, 0x5eed + round).await;
+        caught = epoch_going_down(&cluster).await;
+        if caught.is_some() {
+            break;
+        }
+    }
+    let caught = caught.expect("a zombie write got through unnoticed");
+    println!("caught, as it must be: {caught}");
     cluster.shutdown().await.unwrap();
 }
