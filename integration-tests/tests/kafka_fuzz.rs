@@ -563,24 +563,14 @@ async fn answers_api_versions(address: SocketAddr) -> bool {
 async fn fuzz(cluster: &EmbeddedCluster, frames: u64, seed: u64) -> [u64; 3] {
     // A live transactional id, so that mutated requests carry a PID and epoch the coordinator
     // and the leaders know.
-    let coordinator = cluster
-        .kafka_address(cluster.coordinator_for(TXN))
-        .expect("the id's coordinator has a Kafka listener");
-    let mut init = InitProducerIdRequest::default();
-    init.transactional_id = Some(TransactionalId(s(TXN)));
-    init.transaction_timeout_ms = 60_000;
-    let ResponseKind::InitProducerId(init) = testkit::kafka::call(
-        coordinator,
-        ApiKey::InitProducerId,
-        4,
-        RequestKind::InitProducerId(init),
-    )
-    .await
-    else {
-        panic!("not an InitProducerId response")
+    let address = |key| {
+        cluster
+            .kafka_address(cluster.coordinator_for(key))
+            .expect("coordinators have a Kafka listener")
     };
-    assert_eq!(init.error_code, 0);
-    let live = (init.producer_id.0, init.producer_epoch);
+    let live = testkit::kafka::OffsetTxn::init(address(TXN), address(GROUP), TXN, GROUP)
+        .await
+        .producer;
 
     let mut targets: Vec<Target> = Vec::new();
     let coordinator_seeds = Arc::new(seeds(COORDINATOR_APIS, live));
