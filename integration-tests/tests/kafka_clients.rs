@@ -24,46 +24,11 @@ use tokio::net::TcpStream;
 /// Longest a client script may run.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
 
-fn require_clients() -> bool {
-    matches!(
-        std::env::var("MINIBROKER_REQUIRE_KAFKA_CLIENTS").as_deref(),
-        Ok("1") | Ok("true") | Ok("yes")
-    )
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
+use testkit::clients::{repo_root, required as require_clients};
 
 /// The Python with confluent-kafka and kafka-python, or `None` (after the notice / failure).
 async fn python() -> Option<PathBuf> {
-    let python = std::env::var_os("MINIBROKER_KAFKA_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/kafka-venv/bin/python"));
-    let ok = tokio::process::Command::new(&python)
-        .args(["-c", "import confluent_kafka, kafka"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success());
-    if ok {
-        return Some(python);
-    }
-    let message = format!(
-        "{} cannot import confluent_kafka and kafka (set MINIBROKER_KAFKA_PYTHON, or run .ci/run \
-         once to create target/kafka-venv)",
-        python.display()
-    );
-    assert!(
-        !require_clients(),
-        "MINIBROKER_REQUIRE_KAFKA_CLIENTS=1: {message}"
-    );
-    eprintln!("SKIPPED: {message}");
-    None
+    testkit::clients::python()
 }
 
 /// Runs `script` from `integration-tests/kafka/` with the bootstrap list and `args`; returns

@@ -30,6 +30,9 @@ pub struct NodeArgs {
     /// Address to listen on.
     #[arg(long)]
     pub listen: String,
+    /// Also serve Kafka's protocol here (the topology names it as this node's `kafka_address`).
+    #[arg(long)]
+    pub kafka_listen: Option<String>,
     /// Directory of the sled database.
     #[arg(long)]
     pub data_dir: PathBuf,
@@ -68,6 +71,14 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
+    let kafka_listener = match &args.kafka_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding {address}"))?,
+        ),
+        None => None,
+    };
     match args.role {
         NodeRole::Coordinator => {
             let mut config =
@@ -75,14 +86,14 @@ pub async fn run(
             config.timeout_scan_interval =
                 Duration::from_millis(args.timeout_scan_interval_ms.max(1));
             config.cluster_secret = Some(secret);
-            coordinator::serve(config, listener, shutdown).await?;
+            coordinator::serve_with_kafka(config, listener, kafka_listener, shutdown).await?;
         }
         NodeRole::Leader => {
             let mut config =
                 partition_leader::LeaderConfig::new(args.node_id, args.data_dir, topology);
             config.unsafe_skip_epoch_check = args.unsafe_skip_epoch_check;
             config.cluster_secret = Some(secret);
-            partition_leader::serve(config, listener, shutdown).await?;
+            partition_leader::serve_with_kafka(config, listener, kafka_listener, shutdown).await?;
         }
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! `minibroker chaos` end to end: a short run on a healthy cluster passes, and the same run
 //! against leaders that skip the epoch check on purpose is failed by the checker for the zombie
-//! writes it lets through.
+//! writes it lets through; both again with librdkafka producers (confluent-kafka, over the
+//! Kafka listeners, transaction version 1) in place of our client library.
 
 use std::process::Command;
 
@@ -49,5 +50,32 @@ fn chaos_passes_on_a_healthy_cluster_and_fails_on_a_sabotaged_one() {
     let (ok, report) = chaos(&["--unsafe-skip-epoch-check", "--records-per-txn", "200"]);
     assert!(!ok, "sabotaged run passed: {report:#}");
     assert_eq!(report["passed"], false);
+    assert!(anomalies(&report, "zombie_write") >= 1, "{report:#}");
+}
+
+#[test]
+fn chaos_with_librdkafka_producers_passes_and_catches_a_sabotaged_cluster() {
+    let Some(python) = testkit::clients::python() else {
+        return;
+    };
+    let python = python.to_string_lossy().into_owned();
+    let librdkafka = ["--client", "librdkafka", "--python", python.as_str()];
+    let (ok, report) = chaos(&librdkafka);
+    let run = &report["runs"][0];
+    assert!(ok, "healthy run failed: {report:#}");
+    assert!(
+        run["verdict"]["committed"].as_u64().unwrap() > 10,
+        "{run:#}"
+    );
+    assert!(run["faults"]["zombie"].as_u64().unwrap() >= 1, "{run:#}");
+    assert!(
+        run["verdict"]["fenced_requests"].as_u64().unwrap() >= 1,
+        "{run:#}"
+    );
+
+    let mut sabotaged = librdkafka.to_vec();
+    sabotaged.extend(["--unsafe-skip-epoch-check", "--records-per-txn", "200"]);
+    let (ok, report) = chaos(&sabotaged);
+    assert!(!ok, "sabotaged run passed: {report:#}");
     assert!(anomalies(&report, "zombie_write") >= 1, "{report:#}");
 }

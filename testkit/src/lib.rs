@@ -2,6 +2,8 @@
 //! dev-dependency only (`publish = false`); no library crate depends on it.
 //!
 //! Modules:
+//! - [`clients`]: the Python with the real Kafka clients (confluent-kafka, kafka-python), or a
+//!   skip (a failure where CI requires them).
 //! - [`golden`]: the one golden-script runner and format (toydb's way). A crate's test file
 //!   names a folder with [`test_each_path!`] (one `#[test]` per script file) and passes each
 //!   path to [`golden::run_script`] with its own [`golden::Runner`], the thing that turns one
@@ -25,6 +27,7 @@
 //! implement only what the tests use; every other RPC answers `unimplemented`.
 
 pub mod auth;
+pub mod clients;
 pub mod fakes;
 pub mod golden;
 pub mod kafka;

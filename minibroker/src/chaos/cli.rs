@@ -37,6 +37,22 @@ pub struct ChaosArgs {
     /// DANGER: leaders skip the epoch check; the checker must report zombie writes.
     #[arg(long, hide = true)]
     pub unsafe_skip_epoch_check: bool,
+    /// The producers' client: our library over gRPC, or librdkafka (confluent-kafka in
+    /// Python, over the nodes' Kafka listeners, transaction version 1).
+    #[arg(long, value_enum, default_value_t = ChaosClient::Grpc)]
+    pub client: ChaosClient,
+    /// The Python interpreter that imports confluent_kafka (with `--client librdkafka`).
+    #[arg(long, env = "MINIBROKER_KAFKA_PYTHON", default_value = "python3")]
+    pub python: PathBuf,
+}
+
+/// Which client the chaos producers run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChaosClient {
+    /// Our client library over gRPC (`minibroker chaos-worker`).
+    Grpc,
+    /// librdkafka through confluent-kafka, over Kafka's protocol.
+    Librdkafka,
 }
 
 /// `minibroker chaos-worker` flags (started by `chaos`, not by hand).
@@ -104,12 +120,15 @@ pub async fn chaos(args: ChaosArgs, json: bool) -> anyhow::Result<ExitCode> {
             .as_ref()
             .map(|d| d.join(format!("run-{}", options.seed)));
         options.unsafe_skip_epoch_check = args.unsafe_skip_epoch_check;
+        options.librdkafka_python =
+            (args.client == ChaosClient::Librdkafka).then(|| args.python.clone());
         eprintln!(
-            "chaos run {}/{} (seed {}): {} producers, faults for {} s",
+            "chaos run {}/{} (seed {}): {} producers ({:?}), faults for {} s",
             k + 1,
             args.runs.max(1),
             options.seed,
             options.producers,
+            args.client,
             options.duration.as_secs()
         );
         let report = super::run(options).await?;

@@ -76,7 +76,14 @@ pub struct ChaosOptions {
     pub keep: Option<PathBuf>,
     /// DANGER: leaders skip the epoch check (the checker must report zombie writes).
     pub unsafe_skip_epoch_check: bool,
+    /// The producers: `None`, our client library over gRPC (`minibroker chaos-worker`);
+    /// `Some(python)`, librdkafka (confluent-kafka, imported by this interpreter) over the
+    /// nodes' Kafka listeners, transaction version 1, as an unchanged Kafka application.
+    pub librdkafka_python: Option<PathBuf>,
 }
+
+/// The librdkafka worker, written into the run's directory when the producers are librdkafka.
+const LIBRDKAFKA_WORKER: &str = include_str!("librdkafka_worker.py");
 
 impl ChaosOptions {
     /// Defaults for `exe`.
@@ -93,6 +100,7 @@ impl ChaosOptions {
             fault_interval: Duration::from_millis(700),
             keep: None,
             unsafe_skip_epoch_check: false,
+            librdkafka_python: None,
         }
     }
 }
@@ -126,7 +134,10 @@ pub(crate) struct Worker {
 /// Starts producer instances and forwards their events to the history.
 pub(crate) struct WorkerFactory {
     options: ChaosOptions,
+    /// The nodes the workers bootstrap from: gRPC addresses, or Kafka listeners for librdkafka.
     bootstrap: Vec<String>,
+    /// The librdkafka worker script, when the producers are librdkafka.
+    script: Option<PathBuf>,
     history: mpsc::UnboundedSender<Entry>,
     /// Transactional ids whose EndTxn(COMMIT) was just sent (for kill-after-commit).
     commits: mpsc::UnboundedSender<String>,
@@ -139,8 +150,19 @@ impl WorkerFactory {
         let instance = format!("{txid}#{generation}");
         self.started += 1;
         let seed = self.options.seed ^ (self.started as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let mut child = Command::new(&self.options.exe)
-            .arg("chaos-worker")
+        let mut command = match (&self.options.librdkafka_python, &self.script) {
+            (Some(python), Some(script)) => {
+                let mut command = Command::new(python);
+                command.arg(script);
+                command
+            }
+            _ => {
+                let mut command = Command::new(&self.options.exe);
+                command.arg("chaos-worker");
+                command
+            }
+        };
+        let mut child = command
             .arg("--nodes")
             .arg(self.bootstrap.join(","))
             .arg("--transactional-id")
@@ -278,17 +300,19 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<RunReport> {
     })
 }
 
-/// Loopback addresses for every node (ports reserved by binding port 0), the `chaos` topic.
+/// Loopback addresses for every node (ports reserved by binding port 0; a Kafka listener too
+/// when the producers are librdkafka), the `chaos` topic.
 async fn topology(options: &ChaosOptions) -> anyhow::Result<Topology> {
+    let kafka = options.librdkafka_python.is_some();
     let mut addresses = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..if kafka { 10 } else { 5 } {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         addresses.push(l.local_addr()?.to_string());
     }
     let node = |id, k: usize| Node {
         id,
         address: addresses[k].clone(),
-        kafka_address: None,
+        kafka_address: kafka.then(|| addresses[k + 5].clone()),
     };
     let topology = Topology {
         transaction_state_partitions: 8,
@@ -341,9 +365,24 @@ async fn run_on(
     ));
 
     let (commits_tx, commits_rx) = mpsc::unbounded_channel();
+    let (bootstrap, script) = match options.librdkafka_python {
+        Some(_) => {
+            let script = dir.join("librdkafka_worker.py");
+            std::fs::write(&script, LIBRDKAFKA_WORKER)?;
+            let kafka = topology
+                .coordinators
+                .iter()
+                .chain(&topology.leaders)
+                .filter_map(|n| n.kafka_address.clone())
+                .collect();
+            (kafka, Some(script))
+        }
+        None => (bootstrap, None),
+    };
     let mut factory = WorkerFactory {
         options: options.clone(),
         bootstrap,
+        script,
         history: history_tx.clone(),
         commits: commits_tx,
         started: 0,

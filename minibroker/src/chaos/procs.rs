@@ -44,6 +44,8 @@ pub fn signal(child: &Child, signal: Signal) {
 struct NodeProc {
     role: Role,
     address: String,
+    /// Kafka's protocol too, when the topology gives the node a `kafka_address`.
+    kafka_address: Option<String>,
     data_dir: PathBuf,
     child: Option<Child>,
     paused: bool,
@@ -84,6 +86,7 @@ impl Nodes {
                     NodeProc {
                         role,
                         address: node.address.clone(),
+                        kafka_address: node.kafka_address.clone(),
                         data_dir: settings.dir.join(format!("node-{}", node.id)),
                         child: None,
                         paused: false,
@@ -141,6 +144,9 @@ impl Nodes {
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true);
+        if let Some(kafka) = &node.kafka_address {
+            command.arg("--kafka-listen").arg(kafka);
+        }
         if settings.unsafe_skip_epoch_check && node.role == Role::Leader {
             command.arg("--unsafe-skip-epoch-check");
         }
