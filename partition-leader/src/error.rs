@@ -61,6 +61,9 @@ pub enum Error {
     /// Anything else (an unexpected answer from a peer, a panicked task).
     #[error("internal error: {0}")]
     Internal(String),
+    /// A setting the leader refuses to start with.
+    #[error("configuration: {0}")]
+    Config(String),
     /// The gRPC server failed.
     #[error("transport error: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -92,7 +95,9 @@ impl Error {
             Error::OffsetOutOfRange(_) => ErrorCode::OffsetOutOfRange,
             Error::Storage(_) => ErrorCode::KafkaStorageError,
             Error::Membership(e) => e.code(),
-            Error::Internal(_) | Error::Transport(_) => ErrorCode::UnknownServerError,
+            Error::Internal(_) | Error::Config(_) | Error::Transport(_) => {
+                ErrorCode::UnknownServerError
+            }
         }
     }
 
@@ -123,7 +128,8 @@ impl Error {
             | Error::CoordinatorNotAvailable(d)
             | Error::OffsetOutOfRange(d)
             | Error::Storage(d)
-            | Error::Internal(d) => d.clone(),
+            | Error::Internal(d)
+            | Error::Config(d) => d.clone(),
             Error::Transport(e) => e.to_string(),
             Error::Membership(e) => e.to_string(),
         }

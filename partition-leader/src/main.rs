@@ -27,10 +27,10 @@ struct Args {
     /// Topology TOML file.
     #[arg(long, env = "TOPOLOGY")]
     topology: PathBuf,
-    /// Largest batch accepted, in bytes.
+    /// Largest batch accepted, in bytes (at most 64 MiB: the log's frames stay readable).
     #[arg(long, env = "MAX_BATCH_BYTES", default_value_t = 1024 * 1024)]
     max_batch_bytes: usize,
-    /// Largest record accepted, in bytes.
+    /// Largest record accepted, in bytes (at most 64 MiB).
     #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = 1024 * 1024)]
     max_record_bytes: usize,
     /// Also serve Kafka's protocol here (advertise it as this node's `kafka_address` in the

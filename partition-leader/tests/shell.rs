@@ -942,3 +942,34 @@ async fn one_request_carries_batches_of_several_partitions() {
         .into_inner();
     assert!(r.responses.is_empty());
 }
+
+/// A batch limit beyond what the log can store is refused at start, with a clear error.
+#[test]
+fn a_leader_refuses_to_open_with_limits_the_log_cannot_store() {
+    for (batch, record) in [
+        (partition_leader::core::MAX_BATCH_BYTES_LIMIT + 1, 1024),
+        (4096, partition_leader::core::MAX_BATCH_BYTES_LIMIT + 1),
+        (0, 1024),
+    ] {
+        let mut config = config();
+        config.max_batch_bytes = batch;
+        config.max_record_bytes = record;
+        let (_stop, stop_rx) = watch::channel(false);
+        let storage = Arc::new(MemoryStorage::new());
+        let verifier = Arc::new(FakeVerifier::default());
+        let Err(err) = LeaderService::open(&config, storage, verifier, stop_rx) else {
+            panic!("opened with max_batch_bytes {batch}, max_record_bytes {record}");
+        };
+        assert!(matches!(err, partition_leader::Error::Config(_)), "{err}");
+    }
+    let mut config = config();
+    config.max_batch_bytes = partition_leader::core::MAX_BATCH_BYTES_LIMIT;
+    let (_stop, stop_rx) = watch::channel(false);
+    let opened = LeaderService::open(
+        &config,
+        Arc::new(MemoryStorage::new()),
+        Arc::new(FakeVerifier::default()),
+        stop_rx,
+    );
+    assert!(opened.is_ok());
+}

@@ -37,11 +37,13 @@ pub struct ChaosArgs {
     /// DANGER: leaders skip the epoch check; the checker must report zombie writes.
     #[arg(long, hide = true)]
     pub unsafe_skip_epoch_check: bool,
-    /// The producers' client: our library over gRPC, or librdkafka (confluent-kafka in
-    /// Python, over the nodes' Kafka listeners, transaction version 1).
+    /// The producers' client: our library over gRPC, or a real Kafka client in Python
+    /// (librdkafka through confluent-kafka, or kafka-python) over the nodes' Kafka listeners,
+    /// transaction version 1.
     #[arg(long, value_enum, default_value_t = ChaosClient::Grpc)]
     pub client: ChaosClient,
-    /// The Python interpreter that imports confluent_kafka (with `--client librdkafka`).
+    /// The Python interpreter that imports the Kafka client (with `--client librdkafka` or
+    /// `kafka-python`).
     #[arg(long, env = "MINIBROKER_KAFKA_PYTHON", default_value = "python3")]
     pub python: PathBuf,
 }
@@ -53,6 +55,8 @@ pub enum ChaosClient {
     Grpc,
     /// librdkafka through confluent-kafka, over Kafka's protocol.
     Librdkafka,
+    /// kafka-python, over Kafka's protocol.
+    KafkaPython,
 }
 
 /// `minibroker chaos-worker` flags (started by `chaos`, not by hand).
@@ -120,8 +124,15 @@ pub async fn chaos(args: ChaosArgs, json: bool) -> anyhow::Result<ExitCode> {
             .as_ref()
             .map(|d| d.join(format!("run-{}", options.seed)));
         options.unsafe_skip_epoch_check = args.unsafe_skip_epoch_check;
-        options.librdkafka_python =
-            (args.client == ChaosClient::Librdkafka).then(|| args.python.clone());
+        options.kafka_client = match args.client {
+            ChaosClient::Grpc => None,
+            ChaosClient::Librdkafka => Some("librdkafka"),
+            ChaosClient::KafkaPython => Some("kafka-python"),
+        }
+        .map(|library| super::KafkaClient {
+            library,
+            python: args.python.clone(),
+        });
         eprintln!(
             "chaos run {}/{} (seed {}): {} producers ({:?}), faults for {} s",
             k + 1,

@@ -76,14 +76,24 @@ pub struct ChaosOptions {
     pub keep: Option<PathBuf>,
     /// DANGER: leaders skip the epoch check (the checker must report zombie writes).
     pub unsafe_skip_epoch_check: bool,
-    /// The producers: `None`, our client library over gRPC (`minibroker chaos-worker`);
-    /// `Some(python)`, librdkafka (confluent-kafka, imported by this interpreter) over the
-    /// nodes' Kafka listeners, transaction version 1, as an unchanged Kafka application.
-    pub librdkafka_python: Option<PathBuf>,
+    /// The producers: `None`, our client library over gRPC (`minibroker chaos-worker`); `Some`,
+    /// a real Kafka client over the nodes' Kafka listeners, transaction version 1, as an
+    /// unchanged Kafka application.
+    pub kafka_client: Option<KafkaClient>,
 }
 
-/// The librdkafka worker, written into the run's directory when the producers are librdkafka.
-const LIBRDKAFKA_WORKER: &str = include_str!("librdkafka_worker.py");
+/// A real Kafka client running the chaos producers.
+#[derive(Clone, Debug)]
+pub struct KafkaClient {
+    /// `librdkafka` (confluent-kafka) or `kafka-python`: the worker's `--library`.
+    pub library: &'static str,
+    /// The Python interpreter that imports it.
+    pub python: PathBuf,
+}
+
+/// The Kafka-client worker, written into the run's directory when the producers are a Kafka
+/// client.
+const KAFKA_WORKER: &str = include_str!("kafka_worker.py");
 
 impl ChaosOptions {
     /// Defaults for `exe`.
@@ -100,7 +110,7 @@ impl ChaosOptions {
             fault_interval: Duration::from_millis(700),
             keep: None,
             unsafe_skip_epoch_check: false,
-            librdkafka_python: None,
+            kafka_client: None,
         }
     }
 }
@@ -136,7 +146,7 @@ pub(crate) struct WorkerFactory {
     options: ChaosOptions,
     /// The nodes the workers bootstrap from: gRPC addresses, or Kafka listeners for librdkafka.
     bootstrap: Vec<String>,
-    /// The librdkafka worker script, when the producers are librdkafka.
+    /// The Kafka-client worker script, when the producers are a Kafka client.
     script: Option<PathBuf>,
     history: mpsc::UnboundedSender<Entry>,
     /// Transactional ids whose EndTxn(COMMIT) was just sent (for kill-after-commit).
@@ -150,10 +160,10 @@ impl WorkerFactory {
         let instance = format!("{txid}#{generation}");
         self.started += 1;
         let seed = self.options.seed ^ (self.started as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let mut command = match (&self.options.librdkafka_python, &self.script) {
-            (Some(python), Some(script)) => {
-                let mut command = Command::new(python);
-                command.arg(script);
+        let mut command = match (&self.options.kafka_client, &self.script) {
+            (Some(client), Some(script)) => {
+                let mut command = Command::new(&client.python);
+                command.arg(script).arg("--library").arg(client.library);
                 command
             }
             _ => {
@@ -301,9 +311,9 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<RunReport> {
 }
 
 /// Loopback addresses for every node (ports reserved by binding port 0; a Kafka listener too
-/// when the producers are librdkafka), the `chaos` topic.
+/// when the producers are a Kafka client), the `chaos` topic.
 async fn topology(options: &ChaosOptions) -> anyhow::Result<Topology> {
-    let kafka = options.librdkafka_python.is_some();
+    let kafka = options.kafka_client.is_some();
     let mut addresses = Vec::new();
     for _ in 0..if kafka { 10 } else { 5 } {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -365,10 +375,10 @@ async fn run_on(
     ));
 
     let (commits_tx, commits_rx) = mpsc::unbounded_channel();
-    let (bootstrap, script) = match options.librdkafka_python {
+    let (bootstrap, script) = match options.kafka_client {
         Some(_) => {
-            let script = dir.join("librdkafka_worker.py");
-            std::fs::write(&script, LIBRDKAFKA_WORKER)?;
+            let script = dir.join("kafka_worker.py");
+            std::fs::write(&script, KAFKA_WORKER)?;
             let kafka = topology
                 .coordinators
                 .iter()

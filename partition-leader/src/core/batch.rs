@@ -3,7 +3,10 @@
 
 use crate::error::{Error, Result};
 
-use super::{BatchHeader, Header, Limits, ProduceBatch, NO_PRODUCER_ID, RECORD_OVERHEAD_BYTES};
+use super::{
+    BatchHeader, Header, Limits, ProduceBatch, HEADER_OVERHEAD_BYTES, NO_PRODUCER_ID,
+    RECORD_OVERHEAD_BYTES,
+};
 
 /// `sequence + increment`, wrapping from `i32::MAX` to 0 (Kafka's `incrementSequence`).
 pub fn increment_sequence(sequence: i32, increment: i32) -> i32 {
@@ -59,7 +62,7 @@ fn check_size(limits: &Limits, batch: &ProduceBatch) -> Result<()> {
                 limits.max_record_bytes
             )));
         }
-        batch_bytes += size + RECORD_OVERHEAD_BYTES;
+        batch_bytes += size + RECORD_OVERHEAD_BYTES + r.headers.len() * HEADER_OVERHEAD_BYTES;
     }
     if batch_bytes > limits.max_batch_bytes {
         return Err(Error::MessageTooLarge(format!(

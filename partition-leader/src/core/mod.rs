@@ -60,8 +60,9 @@
 //!   here (its marker has not arrived) is CONCURRENT_TRANSACTIONS (retriable) rather than joining
 //!   the old transaction.
 //! - Record timestamps `< 0` are replaced by the leader's `now_ms` (Kafka's NO_TIMESTAMP).
-//! - Batch size is the sum of key + value bytes plus [`RECORD_OVERHEAD_BYTES`] per record (so a
-//!   flood of empty records is bounded too); a record's size is its key + value bytes.
+//! - Batch size is the sum of key + value bytes plus [`RECORD_OVERHEAD_BYTES`] per record and
+//!   [`HEADER_OVERHEAD_BYTES`] per header (so a flood of empty records or headers is bounded
+//!   too); a record's size is its key + value bytes (headers' included).
 //! - `unsafe_skip_epoch_check` (for demonstrating that the checker catches broken fencing) skips
 //!   check 2 for Produce only: a batch with an older epoch is then appended as-is, without
 //!   sequence checks and without touching the PID's state or opening a transaction, so it is
@@ -101,6 +102,16 @@ pub const PRODUCER_WINDOW: usize = 5;
 
 /// Bytes charged per record on top of key and value when sizing a batch.
 pub const RECORD_OVERHEAD_BYTES: usize = 16;
+
+/// Bytes charged per record header on top of its key and value when sizing a batch (what the
+/// log stores besides them: the key's length, the null flag, the value's length), so that a
+/// flood of empty headers is bounded too.
+pub const HEADER_OVERHEAD_BYTES: usize = 9;
+
+/// The largest batch limit a leader may be configured with: whatever a batch under it
+/// becomes in the log (its records, the producer state, the aborted index) stays far below the
+/// largest frame the log reads back.
+pub const MAX_BATCH_BYTES_LIMIT: usize = 64 * 1024 * 1024;
 
 /// "No producer id": a plain, non-idempotent producer (the cluster-wide constant).
 pub use cluster::NO_PRODUCER_ID;

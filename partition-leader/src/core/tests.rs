@@ -510,6 +510,22 @@ fn bad_batches_are_rejected_before_any_state() {
         ..batch(1, 0, 0, 1, false)
     };
     let many_empty = batch(1, 0, 0, 1024 / RECORD_OVERHEAD_BYTES + 1, false);
+    // Empty headers (no key, no value) take room in the log too: they count against the batch.
+    let empty_headers = ProduceBatch {
+        records: vec![Record {
+            key: vec![],
+            value: vec![],
+            timestamp_ms: 0,
+            headers: vec![
+                Header {
+                    key: String::new(),
+                    value: None,
+                };
+                1024 / HEADER_OVERHEAD_BYTES + 1
+            ],
+        }],
+        ..batch(1, 0, 0, 1, false)
+    };
     let mut no_txn_id = batch(1, 0, 0, 1, true);
     no_txn_id.transactional_id.clear();
     let mut long_txn_id = batch(1, 0, 0, 1, true);
@@ -540,6 +556,7 @@ fn bad_batches_are_rejected_before_any_state() {
         (too_big_record, proto::ErrorCode::MessageTooLarge),
         (too_big_batch, proto::ErrorCode::MessageTooLarge),
         (many_empty, proto::ErrorCode::MessageTooLarge),
+        (empty_headers, proto::ErrorCode::MessageTooLarge),
     ];
     for (b, expected) in cases {
         assert_eq!(code(validate_batch(&LIMITS, &b)), expected, "{b:?}");

@@ -83,9 +83,9 @@ pub struct LeaderConfig {
     pub data_dir: std::path::PathBuf,
     /// The cluster shape.
     pub topology: Arc<Topology>,
-    /// Largest batch accepted (default 1 MiB).
+    /// Largest batch accepted (default 1 MiB; at most [`core::MAX_BATCH_BYTES_LIMIT`]).
     pub max_batch_bytes: usize,
-    /// Largest record accepted (default 1 MiB).
+    /// Largest record accepted (default 1 MiB; at most [`core::MAX_BATCH_BYTES_LIMIT`]).
     pub max_record_bytes: usize,
     /// DANGER, for demonstrating that the checker catches broken fencing: skip the epoch checks.
     pub unsafe_skip_epoch_check: bool,
@@ -248,6 +248,17 @@ impl LeaderService {
         verifier: Arc<dyn TxnVerifier>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Self> {
+        for (name, value) in [
+            ("max_batch_bytes", config.max_batch_bytes),
+            ("max_record_bytes", config.max_record_bytes),
+        ] {
+            if value == 0 || value > core::MAX_BATCH_BYTES_LIMIT {
+                return Err(Error::Config(format!(
+                    "{name} is {value}: it must be in [1, {}]",
+                    core::MAX_BATCH_BYTES_LIMIT
+                )));
+            }
+        }
         let mut partitions = HashMap::new();
         for (topic, partition) in config.topology.partitions_led_by(config.node_id) {
             let tp = TopicPartition::new(topic, partition);

@@ -541,7 +541,7 @@ impl Storage for SledStorage {
                 log.high_watermark
             )));
         }
-        let bytes = frame::encode(w);
+        let bytes = frame::encode(w)?;
         let len = u32::try_from(bytes.len())
             .map_err(|_| Error::Storage(format!("{tp}: a write of {} bytes", bytes.len())))?;
         let needed = log.end + bytes.len() as u64;

@@ -22,14 +22,17 @@ use crate::error::{Error, Result};
 pub(super) const HEADER: usize = 8;
 
 /// Largest payload a frame may declare (a corrupt length must not make the reader allocate
-/// gigabytes). Far above any write a partition accepts.
-const MAX_PAYLOAD: usize = 256 * 1024 * 1024;
+/// gigabytes). Far above any write a partition accepts (batches are bounded by
+/// [`crate::core::MAX_BATCH_BYTES_LIMIT`]); [`encode`] refuses a larger one rather than write a
+/// frame no reader would take back.
+pub(super) const MAX_PAYLOAD: usize = 256 * 1024 * 1024;
 
 const HAS_PRODUCER: u8 = 1;
 const HAS_ABORTED: u8 = 2;
 
-/// Encodes `write` as one frame.
-pub(super) fn encode(write: &Write) -> Vec<u8> {
+/// Encodes `write` as one frame; a payload over [`MAX_PAYLOAD`] is refused (MESSAGE_TOO_LARGE),
+/// nothing written.
+pub(super) fn encode(write: &Write) -> Result<Vec<u8>> {
     let producer = write
         .producer
         .as_ref()
@@ -58,11 +61,17 @@ pub(super) fn encode(write: &Write) -> Vec<u8> {
         out.extend_from_slice(a);
     }
     encode_run_into(&write.entries, &mut out);
+    if out.len() - HEADER > MAX_PAYLOAD {
+        return Err(Error::MessageTooLarge(format!(
+            "a log frame of {} bytes; the log takes at most {MAX_PAYLOAD}",
+            out.len() - HEADER
+        )));
+    }
     let payload_len = (out.len() - HEADER) as u32;
     let crc = crc32fast::hash(&out[HEADER..]);
     out[..4].copy_from_slice(&payload_len.to_be_bytes());
     out[4..HEADER].copy_from_slice(&crc.to_be_bytes());
-    out
+    Ok(out)
 }
 
 /// Decodes one whole frame (header included); a corrupt frame is a storage error.
@@ -233,7 +242,7 @@ mod tests {
     #[test]
     fn frames_round_trip_and_reject_corruption() {
         for w in [write(0, 3, true), write(7, 1, false), marker(4)] {
-            let frame = encode(&w);
+            let frame = encode(&w).unwrap();
             assert_eq!(decode(&frame).unwrap(), w);
             for cut in 0..frame.len() {
                 assert!(decode(&frame[..cut]).is_err(), "cut at {cut}");
@@ -248,7 +257,7 @@ mod tests {
             assert!(decode(&longer).is_err());
         }
         // A forged length never makes the reader allocate.
-        let mut forged = encode(&marker(0));
+        let mut forged = encode(&marker(0)).unwrap();
         forged[..4].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(decode(&forged).is_err());
     }
@@ -258,7 +267,7 @@ mod tests {
         let writes = [write(10, 3, true), marker(13), write(14, 2, false)];
         let mut file = Vec::new();
         for w in &writes {
-            file.extend(encode(w));
+            file.extend(encode(w).unwrap());
         }
         let whole = file.len() as u64;
         let (frames, end) = valid_prefix(&file, 100, 10);
@@ -285,5 +294,21 @@ mod tests {
         let mut garbage = file.clone();
         garbage.extend_from_slice(&[0xff; 40]);
         assert_eq!(valid_prefix(&garbage, 100, 10), (frames, 100 + whole));
+    }
+
+    /// A write whose frame would be over the largest payload a reader takes back is refused
+    /// before anything is written (an unreadable frame would cut the log at the next restart).
+    #[test]
+    fn a_frame_over_the_readable_size_is_refused() {
+        let mut w = write(0, 1, false);
+        if let LogEntry::Data(d) = &mut w.entries[0] {
+            d.value = vec![0; MAX_PAYLOAD];
+        }
+        let err = encode(&w).unwrap_err();
+        assert!(matches!(err, Error::MessageTooLarge(_)), "{err}");
+        if let LogEntry::Data(d) = &mut w.entries[0] {
+            d.value.truncate(MAX_PAYLOAD - 1024);
+        }
+        assert_eq!(decode(&encode(&w).unwrap()).unwrap(), w);
     }
 }
