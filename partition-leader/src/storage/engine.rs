@@ -200,6 +200,9 @@ pub struct SledStorage {
     /// Test probe: how many log files were fdatasynced while being opened.
     #[cfg(test)]
     pub(super) opening_syncs: std::sync::atomic::AtomicU64,
+    /// Test probe: how many replayed bytes were written again while opening.
+    #[cfg(test)]
+    pub(super) opening_rewrites: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -210,6 +213,13 @@ fn io(what: &str, e: std::io::Error) -> Error {
     Error::Storage(format!("{what}: {e}"))
 }
 
+/// Makes the entries of directory `dir` (a file or folder created in it) durable.
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io(&format!("syncing the directory {}", dir.display()), e))
+}
+
 impl SledStorage {
     /// Opens (or creates) the database and the log directory in `dir`.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
@@ -218,6 +228,7 @@ impl SledStorage {
             .map_err(|e| io("opening sled", e))?;
         let logs_dir = dir.as_ref().join("logs");
         std::fs::create_dir_all(&logs_dir).map_err(|e| io("creating the log directory", e))?;
+        sync_dir(dir.as_ref())?;
         Ok(Self {
             db,
             logs_dir,
@@ -229,6 +240,8 @@ impl SledStorage {
             fail_checkpoints: AtomicBool::new(false),
             #[cfg(test)]
             opening_syncs: std::sync::atomic::AtomicU64::new(0),
+            #[cfg(test)]
+            opening_rewrites: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -353,6 +366,7 @@ impl SledStorage {
             aborted.insert(a.last_offset, a);
         }
         let path = self.file_path(tp);
+        let created = !path.exists();
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -360,6 +374,11 @@ impl SledStorage {
             .truncate(false)
             .open(&path)
             .map_err(|e| io(&format!("opening {}", path.display()), e))?;
+        if created {
+            // The new file's name is durable before anything in it is acknowledged (an
+            // fdatasync of the file does not promise its directory entry).
+            sync_dir(&self.logs_dir)?;
+        }
         let len = file
             .metadata()
             .map_err(|e| io("reading the log file's length", e))?
@@ -378,6 +397,19 @@ impl SledStorage {
             // acknowledged (that needs the fdatasync after it).
             file.set_len(valid_end)
                 .map_err(|e| io("cutting the log's torn tail", e))?;
+        }
+        if valid_end > checkpoint_end {
+            // Written again before the sync below, so that it writes them for sure: after a
+            // failed fdatasync (the previous process saw EIO, was poisoned and is now
+            // restarted), Linux keeps the pages that did not reach the disk in the page cache
+            // but marks them clean, so a sync of the file as it stands would report success
+            // for data only memory holds.
+            let replayed = (valid_end - checkpoint_end) as usize;
+            file.write_all_at(&tail[..replayed], checkpoint_end)
+                .map_err(|e| io("writing the log's replayed tail again", e))?;
+            #[cfg(test)]
+            self.opening_rewrites
+                .fetch_add(replayed as u64, Ordering::SeqCst);
         }
         if valid_end < len || valid_end > checkpoint_end {
             // The cut, and the frames replayed past the checkpoint: those may be in the page
