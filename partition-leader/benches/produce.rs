@@ -218,6 +218,7 @@ impl Row {
                         .into(),
                         txn_first_offset: None,
                         txn_number: None,
+                        ended_number: None,
                         coordinator_generation: -1,
                         last_update_ms: 1,
                     };

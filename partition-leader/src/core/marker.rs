@@ -36,6 +36,7 @@ impl PartitionState {
             batches: VecDeque::new(),
             txn_first_offset: None,
             txn_number: None,
+            ended_number: None,
             coordinator_generation: NO_GENERATION,
             last_update_ms: now_ms,
         });
@@ -144,6 +145,7 @@ fn close_txn(
     next.epoch = epoch;
     next.txn_first_offset = None;
     next.txn_number = None;
+    next.ended_number = ended(m, next.ended_number);
     next.coordinator_generation = m.coordinator_generation;
     next.last_update_ms = now_ms;
     Plan {
@@ -177,6 +179,7 @@ fn record_epoch(
 ) -> Plan {
     next.epoch = epoch;
     next.batches.clear();
+    next.ended_number = ended(m, next.ended_number);
     next.coordinator_generation = m.coordinator_generation;
     next.last_update_ms = now_ms;
     Plan {
@@ -185,11 +188,25 @@ fn record_epoch(
     }
 }
 
-/// Same epoch: a repeat of the marker that ended the previous transaction. Only a newer
-/// coordinator generation is remembered.
+/// The ended-transaction number once marker `m` is applied: its number, if above.
+fn ended(m: &Marker, ended: Option<u64>) -> Option<u64> {
+    if m.transaction_number > 0 && ended.is_none_or(|n| n < m.transaction_number) {
+        Some(m.transaction_number)
+    } else {
+        ended
+    }
+}
+
+/// Same epoch, nothing open here: a repeat of the marker that ended the previous transaction,
+/// or (version 1) the marker of a transaction whose data has not reached this partition yet.
+/// Only a newer coordinator generation and a higher ended-transaction number are remembered:
+/// the data of that transaction, verified before the marker came, is then refused rather than
+/// opening a transaction no marker will close.
 fn repeat_marker(m: &Marker, mut next: ProducerState, noop: Plan, now_ms: i64) -> Plan {
-    if next.coordinator_generation < m.coordinator_generation {
-        next.coordinator_generation = m.coordinator_generation;
+    let ended = ended(m, next.ended_number);
+    if next.coordinator_generation < m.coordinator_generation || ended != next.ended_number {
+        next.coordinator_generation = next.coordinator_generation.max(m.coordinator_generation);
+        next.ended_number = ended;
         next.last_update_ms = now_ms;
         return Plan {
             producer: Some((m.producer_id, next)),

@@ -221,6 +221,11 @@ pub struct ProducerState {
     /// answered ([`Verified`]; `None`: not known).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub txn_number: Option<u64>,
+    /// The highest transaction number a version-1 marker here ended (or announced while
+    /// nothing was open here): a Produce verified for that transaction or an earlier one is
+    /// late, and must not open a transaction that no marker will close.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_number: Option<u64>,
     /// Coordinator generation of the last marker, or [`NO_GENERATION`].
     pub coordinator_generation: i64,
     /// When the state last changed (`now_ms` of that request).

@@ -49,6 +49,7 @@ impl PartitionState {
         if let Some(decision) = check_txn_state(h, state, verified.is_some())? {
             return Ok(decision);
         }
+        check_not_ended(h, state, verified)?;
         let next = next_producer_state(h, state, self.high_watermark, verified, now_ms);
         Ok(self.append(h, Some(next)))
     }
@@ -83,6 +84,7 @@ impl PartitionState {
                 txn_number: verified
                     .filter(|_| h.transactional)
                     .and_then(Verified::number),
+                ended_number: None,
                 coordinator_generation: NO_GENERATION,
                 last_update_ms: now_ms,
             }),
@@ -186,6 +188,28 @@ fn check_txn_state(
              offset {first} is open"
         ))),
         _ => Ok(None),
+    }
+}
+
+/// A batch that would open a transaction whose marker this partition already had (version 1:
+/// verified before the marker came, appended after it): INVALID_TXN_STATE, nothing appended, so
+/// that no transaction is left open here that no marker will close (a hanging transaction
+/// holding the LSO back).
+fn check_not_ended(
+    h: &BatchHeader,
+    state: &ProducerState,
+    verified: Option<Verified>,
+) -> Result<()> {
+    let opening = h.transactional && state.txn_first_offset.is_none();
+    match (verified.and_then(Verified::number), state.ended_number) {
+        (Some(number), Some(ended)) if opening && number <= ended => {
+            Err(Error::InvalidTxnState(format!(
+                "producer {}: transaction {number} already ended on this partition (its marker \
+                 came first); a late batch of it is not appended",
+                h.producer_id
+            )))
+        }
+        _ => Ok(()),
     }
 }
 

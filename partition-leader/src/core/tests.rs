@@ -883,6 +883,58 @@ fn produce_verified(s: &mut PartitionState, h: &BatchHeader, number: u64) {
     s.publish(s.watermarks());
 }
 
+/// Transaction version 1, the race KIP-890 closes: a batch verified while its transaction
+/// was open reaches the partition after that transaction's marker. Appended, it would open a
+/// transaction no marker will ever close (the LSO held back for good, and the producer's next
+/// transaction here refused as CONCURRENT_TRANSACTIONS). It is refused instead.
+#[test]
+fn a_v1_batch_verified_before_its_transactions_marker_is_refused_after_it() {
+    let v1 = |commit, number| Marker {
+        transaction_version: 1,
+        transaction_number: number,
+        ..marker(1, 3, commit, 1)
+    };
+    let verified = |number| {
+        Some(Verified {
+            transaction_number: number,
+        })
+    };
+    let mut s = PartitionState::new(false);
+    // Transaction 4 writes here and commits.
+    produce_verified(&mut s, &header(1, 3, 0, 2, true), 4);
+    write_marker(&mut s, &v1(true, 4)).unwrap();
+    assert_eq!(s.producer(1).unwrap().ended_number, Some(4));
+    // A second batch of transaction 4, verified before the marker, arrives after it.
+    let late = header(1, 3, 2, 1, true);
+    let err = s.check_produce(&late, verified(4), 10).unwrap_err();
+    assert_eq!(err.code(), proto::ErrorCode::InvalidTxnState, "{err}");
+    // Transaction 5's marker reaches this partition before any of its data (its data was
+    // verified, then held up): nothing is open, the number is remembered, durably.
+    let plan = write_marker(&mut s, &v1(false, 5)).unwrap();
+    assert!(plan.control.is_none(), "nothing was open here");
+    assert_eq!(
+        plan.producer.as_ref().map(|(_, p)| p.ended_number),
+        Some(Some(5)),
+        "written with the plan, so a restart keeps it"
+    );
+    let err = s.check_produce(&late, verified(5), 10).unwrap_err();
+    assert_eq!(err.code(), proto::ErrorCode::InvalidTxnState, "{err}");
+    assert_eq!(s.last_stable_offset(), s.high_watermark(), "nothing hangs");
+    // The same marker again changes nothing more.
+    assert!(write_marker(&mut s, &v1(false, 5))
+        .unwrap()
+        .producer
+        .is_none());
+    // Transaction 6 opens and is closed by its marker as usual; a batch with no number
+    // (a verification that did not say) is appended as before numbers existed.
+    produce_verified(&mut s, &late, 6);
+    assert!(write_marker(&mut s, &v1(true, 6))
+        .unwrap()
+        .control
+        .is_some());
+    produce_verified(&mut s, &header(1, 3, 3, 1, true), 0);
+}
+
 #[test]
 fn a_late_v1_marker_of_an_earlier_transaction_closes_nothing() {
     let v1 = |commit, number| Marker {

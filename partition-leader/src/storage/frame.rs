@@ -206,6 +206,7 @@ mod tests {
             }]),
             txn_first_offset: Some(base),
             txn_number: Some(4),
+            ended_number: None,
             coordinator_generation: 3,
             last_update_ms: 9,
         };

@@ -565,6 +565,7 @@ mod tests {
             }]),
             txn_first_offset: Some(0),
             txn_number: None,
+            ended_number: None,
             coordinator_generation: -1,
             last_update_ms: 10,
         };
@@ -573,6 +574,7 @@ mod tests {
             batches: VecDeque::new(),
             txn_first_offset: None,
             txn_number: None,
+            ended_number: None,
             coordinator_generation: 9,
             last_update_ms: 11,
         };
@@ -654,6 +656,7 @@ mod tests {
                     }]),
                     txn_first_offset: None,
                     txn_number: None,
+                    ended_number: None,
                     coordinator_generation: -1,
                     last_update_ms,
                 },
