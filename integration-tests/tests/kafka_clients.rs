@@ -519,6 +519,92 @@ async fn bad_input_costs_one_connection_and_the_node_serves_the_next_client() {
     cluster.shutdown().await.unwrap();
 }
 
+/// ListOffsets by time over the Kafka protocol: a timestamp finds the first record at or after
+/// it, and max-timestamp (-3, KIP-734, version 7) the first record with the largest timestamp,
+/// which need not be the last one written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_offsets_finds_records_by_time_and_the_largest_timestamp() {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    use kafka_protocol::messages::{
+        ApiKey, BrokerId, ListOffsetsRequest, RequestKind, ResponseKind, TopicName,
+    };
+    use kafka_protocol::records::{
+        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
+    let cluster = cluster().await;
+    let leader = cluster.topology().leader_for("input", 0).unwrap().id;
+    let address = cluster.kafka_address(leader).unwrap();
+    let base = 1_700_000_000_000i64;
+    let records: Vec<Record> = [0i64, 50, 10]
+        .iter()
+        .enumerate()
+        .map(|(i, delta)| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            // No producer: base sequence -1 (offset - sequence the same for every record, or
+            // the encoder splits them into one batch each).
+            sequence: i as i32 - 1,
+            timestamp: base + delta,
+            key: None,
+            value: Some(bytes::Bytes::from(format!("r{i}"))),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut batch = bytes::BytesMut::new();
+    let options = RecordEncodeOptions {
+        version: 2,
+        compression: Compression::None,
+    };
+    RecordBatchEncoder::encode(&mut batch, &records, &options).unwrap();
+    let ResponseKind::Produce(produced) = kafka_call(
+        address,
+        ApiKey::Produce,
+        7,
+        RequestKind::Produce(produce_request("input", 0, batch)),
+    )
+    .await
+    else {
+        panic!("not a Produce response")
+    };
+    let answer = &produced.responses[0].partition_responses[0];
+    assert_eq!(answer.error_code, 0, "{:?}", answer.error_message);
+
+    let list = |timestamp| async move {
+        let mut p = ListOffsetsPartition::default();
+        p.partition_index = 0;
+        p.timestamp = timestamp;
+        let mut t = ListOffsetsTopic::default();
+        t.name = TopicName(str_bytes("input"));
+        t.partitions = vec![p];
+        let mut r = ListOffsetsRequest::default();
+        r.replica_id = BrokerId(-1);
+        r.topics = vec![t];
+        let ResponseKind::ListOffsets(r) =
+            kafka_call(address, ApiKey::ListOffsets, 7, RequestKind::ListOffsets(r)).await
+        else {
+            panic!("not a ListOffsets response")
+        };
+        let p = &r.topics[0].partitions[0];
+        (p.error_code, p.offset, p.timestamp)
+    };
+    assert_eq!(list(-3).await, (0, 1, base + 50), "max timestamp");
+    assert_eq!(
+        list(base + 20).await,
+        (0, 1, base + 50),
+        "first at or after"
+    );
+    assert_eq!(list(base + 51).await, (0, -1, -1), "none");
+    assert_eq!(list(-1).await.1, 3, "latest");
+    assert_eq!(list(-4).await.0, 42, "INVALID_REQUEST");
+    cluster.shutdown().await.unwrap();
+}
+
 // ---- consume-transform-produce with a consumer group --------------------------------------
 
 /// Longest a processor may go without reporting a commit, or the output topic without growing,

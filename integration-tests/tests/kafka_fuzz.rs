@@ -174,7 +174,13 @@ fn batch(producer: Option<(i64, i16)>, transactional: bool) -> Bytes {
             producer_epoch,
             timestamp_type: TimestampType::Creation,
             offset: i,
-            sequence: if producer.is_some() { i as i32 } else { -1 },
+            // Without a producer the base sequence is -1; offset - sequence stays the same
+            // for every record either way, so that the encoder makes one batch of them.
+            sequence: if producer.is_some() {
+                i as i32
+            } else {
+                i as i32 - 1
+            },
             timestamp: 1_700_000_000_000 + i,
             key: Some(Bytes::from_static(b"k")),
             value: Some(Bytes::from(format!("fuzz-{i}"))),

@@ -19,7 +19,9 @@
 //!   one control batch per marker. Long poll: up to `max_wait_ms` (capped like gRPC's) until any
 //!   requested partition has something to read.
 //! - **ListOffsets** (v1-7): earliest (-2) is 0 (no retention), latest (-1) the high watermark,
-//!   or the LSO for read_committed; a timestamp finds the first record at or after it.
+//!   or the LSO for read_committed; a timestamp finds the first record at or after it, and
+//!   max-timestamp (-3, KIP-734) the first record with the largest timestamp (both below that
+//!   bound; a scan of the log, there is no time index).
 //! - **DescribeProducers** (v0): the leader's producer state, as the gRPC call shows it.
 //! - **InitProducerId** (v0-4) without a transactional id: forwarded over gRPC to a coordinator
 //!   (any one hands out idempotent PIDs). With one: NOT_COORDINATOR (clients ask the
@@ -71,6 +73,43 @@ const READ_COMMITTED: i8 = 1;
 /// ListOffsets' special timestamps.
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
+/// KIP-734 (ListOffsets v7): the record with the largest timestamp.
+const MAX_TIMESTAMP: i64 = -3;
+
+/// What one ListOffsets query for a time looks for, fed the partition's entries in offset
+/// order: the first record at or after `timestamp`, or for [`MAX_TIMESTAMP`] the first record
+/// with the largest timestamp. `(-1, -1)`: none.
+struct TimestampSearch {
+    timestamp: i64,
+    found: (i64, i64),
+}
+
+impl TimestampSearch {
+    fn new(timestamp: i64) -> Self {
+        Self {
+            timestamp,
+            found: (-1, -1),
+        }
+    }
+
+    /// Takes entry `offset`; `false` once the answer is known.
+    fn visit(&mut self, offset: i64, entry: &LogEntry) -> bool {
+        let LogEntry::Data(d) = entry else {
+            return true;
+        };
+        if self.timestamp == MAX_TIMESTAMP {
+            if self.found.0 < 0 || d.timestamp_ms > self.found.1 {
+                self.found = (offset, d.timestamp_ms);
+            }
+            return true;
+        }
+        if d.timestamp_ms >= self.timestamp {
+            self.found = (offset, d.timestamp_ms);
+            return false;
+        }
+        true
+    }
+}
 
 /// The leader's [`Handler`].
 pub struct KafkaLeader {
@@ -459,22 +498,16 @@ impl KafkaLeader {
         match timestamp {
             EARLIEST => Ok((0, -1)),
             LATEST => Ok((upper, -1)),
-            t if t < 0 => Err(Error::InvalidRequest(format!(
-                "timestamp {t} is not supported (use -1, -2 or a time)"
+            t if t < 0 && t != MAX_TIMESTAMP => Err(Error::InvalidRequest(format!(
+                "timestamp {t} is not supported (use -1, -2, -3 or a time)"
             ))),
             t => {
                 let storage = self.service.storage();
                 let tp = part.tp.clone();
                 blocking(move || {
-                    let mut found = (-1, -1);
-                    storage.scan(&tp, 0, upper, &mut |o, entry| match entry {
-                        LogEntry::Data(d) if d.timestamp_ms >= t => {
-                            found = (o, d.timestamp_ms);
-                            false
-                        }
-                        _ => true,
-                    })?;
-                    Ok(found)
+                    let mut search = TimestampSearch::new(t);
+                    storage.scan(&tp, 0, upper, &mut |o, entry| search.visit(o, &entry))?;
+                    Ok(search.found)
                 })
                 .await
             }
@@ -712,6 +745,42 @@ mod tests {
             timestamp_ms: 1_700_000_000_000,
             headers: Vec::new(),
         })
+    }
+
+    #[test]
+    fn a_timestamp_query_finds_the_first_record_at_or_after_it_or_the_largest() {
+        let at = |ms| {
+            let LogEntry::Data(mut d) = data(1, 0, false, "k") else {
+                unreachable!()
+            };
+            d.timestamp_ms = ms;
+            LogEntry::Data(d)
+        };
+        let marker = LogEntry::Control(ControlRecord {
+            producer_id: 1,
+            producer_epoch: 0,
+            commit: true,
+            coordinator_id: 1,
+            coordinator_generation: 1,
+            timestamp_ms: 999,
+        });
+        let log = [at(10), at(50), marker, at(30), at(50)];
+        let search = |timestamp| {
+            let mut s = TimestampSearch::new(timestamp);
+            for (offset, entry) in log.iter().enumerate() {
+                if !s.visit(offset as i64, entry) {
+                    break;
+                }
+            }
+            s.found
+        };
+        assert_eq!(search(20), (1, 50));
+        assert_eq!(search(10), (0, 10));
+        assert_eq!(search(51), (-1, -1), "markers are not records");
+        assert_eq!(search(MAX_TIMESTAMP), (1, 50), "the first of the largest");
+        let mut empty = TimestampSearch::new(MAX_TIMESTAMP);
+        assert!(empty.visit(0, &log[2]));
+        assert_eq!(empty.found, (-1, -1));
     }
 
     #[test]
