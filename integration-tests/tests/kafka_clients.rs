@@ -368,27 +368,41 @@ fn record_batch(
     value: Vec<u8>,
     compression: kafka_protocol::records::Compression,
 ) -> bytes::BytesMut {
-    let record = kafka_protocol::records::Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: 0,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: kafka_protocol::records::TimestampType::Creation,
-        offset: 0,
-        sequence: -1,
-        timestamp: 1_700_000_000_000,
-        key: None,
-        value: Some(bytes::Bytes::from(value)),
-        headers: Default::default(),
-    };
+    plain_batch(vec![(1_700_000_000_000, value)], compression)
+}
+
+/// One record batch (v2) of a plain producer (no PID): a record per (timestamp, value).
+fn plain_batch(
+    records: Vec<(i64, Vec<u8>)>,
+    compression: kafka_protocol::records::Compression,
+) -> bytes::BytesMut {
+    let records: Vec<_> = records
+        .into_iter()
+        .enumerate()
+        .map(|(i, (timestamp, value))| kafka_protocol::records::Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: kafka_protocol::records::TimestampType::Creation,
+            offset: i as i64,
+            // Base sequence -1; offset - sequence the same for every record, or the encoder
+            // makes a batch of each.
+            sequence: i as i32 - 1,
+            timestamp,
+            key: None,
+            value: Some(bytes::Bytes::from(value)),
+            headers: Default::default(),
+        })
+        .collect();
     let mut buf = bytes::BytesMut::new();
     let options = kafka_protocol::records::RecordEncodeOptions {
         version: 2,
         compression,
     };
-    kafka_protocol::records::RecordBatchEncoder::encode(&mut buf, &[record], &options).unwrap();
+    kafka_protocol::records::RecordBatchEncoder::encode(&mut buf, &records, &options).unwrap();
     buf
 }
 
@@ -528,40 +542,18 @@ async fn list_offsets_finds_records_by_time_and_the_largest_timestamp() {
     use kafka_protocol::messages::{
         ApiKey, BrokerId, ListOffsetsRequest, RequestKind, ResponseKind, TopicName,
     };
-    use kafka_protocol::records::{
-        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-    };
     let cluster = cluster().await;
     let leader = cluster.topology().leader_for("input", 0).unwrap().id;
     let address = cluster.kafka_address(leader).unwrap();
     let base = 1_700_000_000_000i64;
-    let records: Vec<Record> = [0i64, 50, 10]
-        .iter()
-        .enumerate()
-        .map(|(i, delta)| Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: 0,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            // No producer: base sequence -1 (offset - sequence the same for every record, or
-            // the encoder splits them into one batch each).
-            sequence: i as i32 - 1,
-            timestamp: base + delta,
-            key: None,
-            value: Some(bytes::Bytes::from(format!("r{i}"))),
-            headers: Default::default(),
-        })
-        .collect();
-    let mut batch = bytes::BytesMut::new();
-    let options = RecordEncodeOptions {
-        version: 2,
-        compression: Compression::None,
-    };
-    RecordBatchEncoder::encode(&mut batch, &records, &options).unwrap();
+    let batch = plain_batch(
+        [0i64, 50, 10]
+            .iter()
+            .enumerate()
+            .map(|(i, delta)| (base + delta, format!("r{i}").into_bytes()))
+            .collect(),
+        kafka_protocol::records::Compression::None,
+    );
     let ResponseKind::Produce(produced) = kafka_call(
         address,
         ApiKey::Produce,
