@@ -144,7 +144,8 @@ pub(crate) struct Worker {
 /// Starts producer instances and forwards their events to the history.
 pub(crate) struct WorkerFactory {
     options: ChaosOptions,
-    /// The nodes the workers bootstrap from: gRPC addresses, or Kafka listeners for librdkafka.
+    /// The nodes the workers bootstrap from: gRPC addresses, or Kafka listeners for a Kafka
+    /// client.
     bootstrap: Vec<String>,
     /// The Kafka-client worker script, when the producers are a Kafka client.
     script: Option<PathBuf>,
