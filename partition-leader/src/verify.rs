@@ -163,6 +163,7 @@ impl TxnVerifier for GrpcVerifier {
         )
         .map(|()| Verified {
             transaction_number: response.transaction_number,
+            ..Verified::default()
         })
     }
 }

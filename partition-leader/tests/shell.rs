@@ -246,6 +246,64 @@ async fn state_is_checked_again_after_verification() {
     assert_eq!(fetch(&h, 0, false, 1000, 0).await.high_watermark, 0);
 }
 
+/// A verification answer counts only for the producer-state expiry (what a marker recorded
+/// after it lives no longer than that): a batch held up past it is verified again before it
+/// may open a transaction.
+#[tokio::test]
+async fn a_verification_held_up_past_the_producer_expiry_is_asked_again() {
+    let verifier = Arc::new(FakeVerifier::default());
+    let (_stop, stop_rx) = watch::channel(false);
+    let mut config = config();
+    config.producer_id_expiration = Duration::from_millis(300);
+    let service = LeaderService::open(
+        &config,
+        Arc::new(MemoryStorage::new()),
+        verifier.clone(),
+        stop_rx,
+    )
+    .unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    *verifier.gate.lock().unwrap() = Some(gate.clone());
+    let pending = {
+        let service = service.clone();
+        tokio::spawn(async move {
+            service
+                .produce(Request::new(ProduceRequest {
+                    topic: "t".into(),
+                    partition: 0,
+                    batch: Some(batch(1, 0, 0, &["held"], true)),
+                }))
+                .await
+                .unwrap()
+                .into_inner()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while verifier.calls.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "verification never started");
+        tokio::task::yield_now().await;
+    }
+    // The first answer comes after the expiry; the second one at once.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    *verifier.gate.lock().unwrap() = None;
+    gate.add_permits(1);
+    let r = pending.await.unwrap();
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    assert_eq!(verifier.calls.load(Ordering::SeqCst), 2, "asked again");
+    // A prompt answer is used as it is.
+    let r = service
+        .produce(Request::new(ProduceRequest {
+            topic: "t".into(),
+            partition: 1,
+            batch: Some(batch(1, 0, 0, &["prompt"], true)),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
+    assert_eq!(verifier.calls.load(Ordering::SeqCst), 3);
+}
+
 #[tokio::test]
 async fn read_committed_filters_and_read_uncommitted_does_not() {
     let h = harness();

@@ -387,10 +387,25 @@ impl Plan {
 
 /// The coordinator's yes to VerifyTransaction: the batch's (PID, epoch) may open a transaction
 /// on the partition (KIP-890 part 1).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Verified {
     /// The number of that transaction among its transactional id's (0: not said).
     pub transaction_number: u64,
+    /// Until when (milliseconds, the clock of `now_ms`) the answer may be used; the default
+    /// never ends. The leader sets it to the instant it asked plus the producer-state expiry:
+    /// what a marker taught this partition after the answer (the transaction's end,
+    /// [`ProducerState::ended_number`]) lives in a producer state that expiry may forget after
+    /// that long, and a batch held up past it must be verified again.
+    pub valid_until_ms: i64,
+}
+
+impl Default for Verified {
+    fn default() -> Self {
+        Self {
+            transaction_number: 0,
+            valid_until_ms: i64::MAX,
+        }
+    }
 }
 
 impl Verified {

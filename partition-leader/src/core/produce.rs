@@ -28,6 +28,9 @@ impl PartitionState {
         if h.producer_id == NO_PRODUCER_ID {
             return Ok(self.append(h, None));
         }
+        // An answer older than the producer-state expiry counts for nothing: what the
+        // transaction's marker recorded here since may have been forgotten.
+        let verified = verified.filter(|v| now_ms < v.valid_until_ms);
         let Some(state) = self.producers.get(&h.producer_id) else {
             return self.check_first_batch(h, verified, now_ms);
         };

@@ -871,6 +871,7 @@ fn a_forgotten_producer_is_still_fenced_or_starts_afresh() {
 fn produce_verified(s: &mut PartitionState, h: &BatchHeader, number: u64) {
     let verified = Verified {
         transaction_number: number,
+        ..Verified::default()
     };
     let decision = match s.check_produce(h, None, 10).unwrap() {
         ProduceDecision::NeedsVerification => s.check_produce(h, Some(verified), 10).unwrap(),
@@ -897,6 +898,7 @@ fn a_v1_batch_verified_before_its_transactions_marker_is_refused_after_it() {
     let verified = |number| {
         Some(Verified {
             transaction_number: number,
+            ..Verified::default()
         })
     };
     let mut s = PartitionState::new(false);
@@ -933,6 +935,63 @@ fn a_v1_batch_verified_before_its_transactions_marker_is_refused_after_it() {
         .control
         .is_some());
     produce_verified(&mut s, &header(1, 3, 3, 1, true), 0);
+}
+
+/// The same race, held up longer than the producer-state expiry: the state that remembered the
+/// transaction's end may be forgotten by then, so the answer no longer counts and the batch
+/// is verified again (where the coordinator refuses it) instead of opening a transaction no
+/// marker will close.
+#[test]
+fn a_verification_older_than_the_producer_expiry_is_asked_again() {
+    const EXPIRY: i64 = 86_400_000;
+    let v1 = |commit, number| Marker {
+        transaction_version: 1,
+        transaction_number: number,
+        ..marker(1, 3, commit, 1)
+    };
+    let asked_at = |ms: i64, number| {
+        Some(Verified {
+            transaction_number: number,
+            valid_until_ms: ms + EXPIRY,
+        })
+    };
+    let mut s = PartitionState::new(false);
+    produce_verified(&mut s, &header(1, 3, 0, 2, true), 4);
+    // The next batch of transaction 4 is verified at 5 ms, then held up; the marker ends
+    // transaction 4 at 20 ms.
+    write_marker(&mut s, &v1(true, 4)).unwrap();
+    let late = BatchHeader {
+        any_first_sequence: true,
+        ..header(1, 3, 2, 1, true)
+    };
+    // Still within the expiry: refused by what the marker recorded.
+    let err = s
+        .check_produce(&late, asked_at(5, 4), 5 + EXPIRY - 1)
+        .unwrap_err();
+    assert_eq!(err.code(), proto::ErrorCode::InvalidTxnState, "{err}");
+    // At the expiry the answer no longer counts, even while the state is still known.
+    assert_eq!(
+        s.check_produce(&late, asked_at(5, 4), 5 + EXPIRY).unwrap(),
+        ProduceDecision::NeedsVerification
+    );
+    // The expiry scan forgets the PID (its state last changed at the marker, 20 ms).
+    let now = 20 + EXPIRY;
+    assert_eq!(s.expired_producers(now, EXPIRY), vec![1]);
+    s.forget_producers(&[1]);
+    assert!(s.producer(1).is_none());
+    // With the state gone, only the answer's age stands between the late batch and a
+    // transaction that no marker would close.
+    assert_eq!(
+        s.check_produce(&late, asked_at(5, 4), now).unwrap(),
+        ProduceDecision::NeedsVerification
+    );
+    assert_eq!(s.last_stable_offset(), s.high_watermark(), "nothing hangs");
+    // A fresh answer (the coordinator verified it again: a new transaction) is appended.
+    let ProduceDecision::Append(plan) = s.check_produce(&late, asked_at(now, 5), now).unwrap()
+    else {
+        panic!("a fresh verification appends");
+    };
+    assert_eq!(plan.producer.unwrap().1.txn_number, Some(5));
 }
 
 #[test]

@@ -482,12 +482,16 @@ impl LeaderService {
         part.appended.notify_waiters();
     }
 
+    /// [`LeaderConfig::producer_id_expiration`] in milliseconds.
+    pub(crate) fn producer_expiration_ms(&self) -> i64 {
+        i64::try_from(self.inner.producer_id_expiration.as_millis()).unwrap_or(i64::MAX)
+    }
+
     /// One expiry scan: forgets, partition by partition under its write lock (so no write is
     /// planned against a state being forgotten), the producer states that expired
     /// ([`PartitionState::expired_producers`]), in the engine and in memory; returns how many.
     pub async fn expire_producers(&self) -> usize {
-        let expiration =
-            i64::try_from(self.inner.producer_id_expiration.as_millis()).unwrap_or(i64::MAX);
+        let expiration = self.producer_expiration_ms();
         let mut forgotten = 0;
         for part in self.inner.partitions.values() {
             let _write_lock = part.write_lock.lock().await;

@@ -17,6 +17,10 @@ use crate::core::{self, BatchHeader, Plan, ProduceBatch, ProduceDecision, Record
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
+/// How many times one batch may be verified: a second answer is needed only when the first
+/// outlived the producer-state expiry while the batch waited for its partition.
+const MAX_VERIFICATIONS: u32 = 3;
+
 /// What one round under the write lock decided.
 enum Round {
     /// Answer the client.
@@ -101,6 +105,7 @@ impl LeaderService {
         };
         let mut records = Some(batch.records);
         let mut verified = None;
+        let mut verifications = 0;
         loop {
             let round = self
                 .produce_round(
@@ -113,10 +118,16 @@ impl LeaderService {
                 .await?;
             match round {
                 Round::Done(response) => return Ok(response),
-                Round::Verify if verified.is_some() => {
-                    return Err(Error::Internal("verification asked for twice".into()))
+                // Asked again only when the answer outlived the producer-state expiry while
+                // the batch waited (see `core::Verified::valid_until_ms`).
+                Round::Verify if verifications == MAX_VERIFICATIONS => {
+                    return Err(Error::Internal(format!(
+                        "verification asked for {MAX_VERIFICATIONS} times"
+                    )))
                 }
                 Round::Verify => {
+                    verifications += 1;
+                    let asked_ms = now_ms();
                     let answer = self
                         .inner
                         .verifier
@@ -127,7 +138,10 @@ impl LeaderService {
                             &part.tp,
                         )
                         .await?;
-                    verified = Some(answer);
+                    verified = Some(core::Verified {
+                        valid_until_ms: asked_ms.saturating_add(self.producer_expiration_ms()),
+                        ..answer
+                    });
                 }
             }
         }
