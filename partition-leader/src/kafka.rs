@@ -414,14 +414,12 @@ impl KafkaLeader {
         let upper = view.upper;
         let (entries, end) = blocking(move || {
             let mut entries = Vec::new();
-            let mut bytes = 0usize;
+            let mut budget = SizeBudget::new(limit);
             let mut end = offset;
             storage.scan(&tp, offset, upper, &mut |o, entry| {
-                let size = entry_size(&entry);
-                if !entries.is_empty() && bytes + size > limit {
+                if !budget.admit(o, &entry) {
                     return false;
                 }
-                bytes += size;
                 entries.push((o, entry));
                 end = o + 1;
                 true
@@ -605,11 +603,74 @@ struct RawRead {
     records: Bytes,
 }
 
-/// Roughly what an entry costs on the wire (for `max_bytes`).
-fn entry_size(entry: &LogEntry) -> usize {
+/// The fixed part of a RecordBatch v2 (base offset to record count).
+const BATCH_HEADER_BYTES: usize = 61;
+
+/// What a read may still take of `max_bytes`: each entry is charged an upper bound of its
+/// encoded size (varints at their widest, headers included, and a batch header when it starts a
+/// batch of its own, as [`encode_entries`] groups them), so what is served never exceeds the
+/// limit, except for a first entry larger than it (served alone, as Kafka serves a first batch
+/// larger than `max_bytes` so that a consumer always progresses).
+struct SizeBudget {
+    left: usize,
+    /// The last admitted entry: its offset and its batch key.
+    last: Option<(i64, Option<BatchKey>)>,
+    admitted: usize,
+}
+
+impl SizeBudget {
+    fn new(limit: usize) -> Self {
+        Self {
+            left: limit,
+            last: None,
+            admitted: 0,
+        }
+    }
+
+    /// Takes `entry` at `offset` if it fits (the first entry always does).
+    fn admit(&mut self, offset: i64, entry: &LogEntry) -> bool {
+        let key = batch_key(entry);
+        let joins = key.is_some()
+            && self
+                .last
+                .is_some_and(|(last, last_key)| last_key == key && last + 1 == offset);
+        let size = record_size_bound(entry) + if joins { 0 } else { BATCH_HEADER_BYTES };
+        if self.admitted > 0 && size > self.left {
+            return false;
+        }
+        self.left = self.left.saturating_sub(size);
+        self.last = Some((offset, key));
+        self.admitted += 1;
+        true
+    }
+}
+
+/// The most bytes one record can take in a batch: length, attributes, timestamp and offset
+/// deltas, key and value lengths and the header count as the widest varints, then its bytes.
+fn record_size_bound(entry: &LogEntry) -> usize {
+    const FIXED: usize = 5 + 1 + 10 + 5 + 5 + 5 + 5;
     match entry {
-        LogEntry::Data(d) => d.key.len() + d.value.len() + 24,
-        LogEntry::Control(_) => 40,
+        LogEntry::Data(d) => {
+            let headers: usize = d
+                .headers
+                .iter()
+                .map(|h| 10 + h.key.len() + h.value.as_ref().map_or(0, Vec::len))
+                .sum();
+            FIXED + d.key.len() + d.value.len() + headers
+        }
+        // Key: version and type (4 bytes); value: version and coordinator epoch (6 bytes).
+        LogEntry::Control(_) => FIXED + 4 + 6,
+    }
+}
+
+/// Which data records share a batch: one (PID, epoch, transactional) producer's run of
+/// consecutive offsets. A control record (no key) is a batch of its own.
+type BatchKey = (i64, i16, bool);
+
+fn batch_key(entry: &LogEntry) -> Option<BatchKey> {
+    match entry {
+        LogEntry::Data(d) => Some((d.producer_id, d.producer_epoch, d.is_transactional)),
+        LogEntry::Control(_) => None,
     }
 }
 
@@ -682,26 +743,28 @@ fn encode_entries(entries: &[(i64, LogEntry)]) -> Result<Bytes> {
         version: 2,
         compression: Compression::None,
     };
-    let key = |e: &LogEntry| match e {
-        LogEntry::Data(d) => Some((d.producer_id, d.producer_epoch, d.is_transactional)),
-        LogEntry::Control(_) => None,
-    };
     let mut start = 0;
     while start < entries.len() {
-        let run_key = key(&entries[start].1);
+        let run_key = batch_key(&entries[start].1);
         let mut end = start + 1;
         if run_key.is_some() {
             while end < entries.len()
-                && key(&entries[end].1) == run_key
+                && batch_key(&entries[end].1) == run_key
                 && entries[end].0 == entries[end - 1].0 + 1
             {
                 end += 1;
             }
         }
+        // Kafka's base sequence: -1 (no sequence) for a control batch and for records of no
+        // producer; a producer's run counts from 0.
+        let first_sequence = match run_key {
+            Some((pid, _, _)) if pid >= 0 => 0,
+            _ => -1,
+        };
         let base = entries[start].0;
         let records: Vec<KafkaRecord> = entries[start..end]
             .iter()
-            .map(|(o, e)| kafka_record(*o, e, (o - base) as i32))
+            .map(|(o, e)| kafka_record(*o, e, first_sequence + (o - base) as i32))
             .collect();
         RecordBatchEncoder::encode(&mut buf, &records, &options)
             .map_err(|e| Error::Internal(format!("encoding a record batch: {e}")))?;
@@ -853,6 +916,83 @@ mod tests {
             "ABORT"
         );
         assert_eq!(records[3].value.as_deref(), Some(&[0u8, 0, 0, 0, 0, 3][..]));
+        let sequences: Vec<i32> = records.iter().map(|r| r.sequence).collect();
+        assert_eq!(
+            sequences,
+            vec![0, 1, -1, -1],
+            "a producer's run counts from 0; no producer and a control batch carry -1, as Kafka's"
+        );
+    }
+
+    /// What a read serves never exceeds its limit, whatever the records (headers, runs of one
+    /// producer, markers, producer-less records), unless it is one entry larger than the limit.
+    #[test]
+    fn a_read_never_serves_more_than_its_limit_unless_one_entry_is_larger() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        let mut served_some = 0;
+        for _ in 0..2_000 {
+            let mut entries = Vec::new();
+            for offset in 0..next(40) as i64 {
+                let entry = match next(6) {
+                    0 => LogEntry::Control(ControlRecord {
+                        producer_id: next(3) as i64,
+                        producer_epoch: 0,
+                        commit: true,
+                        coordinator_id: 1,
+                        coordinator_generation: 1,
+                        timestamp_ms: 1_700_000_000_000,
+                    }),
+                    kind => {
+                        let LogEntry::Data(mut d) = data(next(3) as i64 - 1, 0, kind % 2 == 0, "k")
+                        else {
+                            unreachable!()
+                        };
+                        d.key = vec![b'k'; next(300) as usize];
+                        d.value = vec![b'v'; next(2_000) as usize];
+                        d.timestamp_ms += next(1 << 40) as i64;
+                        for h in 0..next(4) {
+                            d.headers.push(crate::core::Header {
+                                key: format!("h{h}").repeat(next(50) as usize),
+                                value: (h % 2 == 0).then(|| vec![b'x'; next(500) as usize]),
+                            });
+                        }
+                        LogEntry::Data(d)
+                    }
+                };
+                entries.push((offset, entry));
+            }
+            let limit = next(20_000) as usize;
+            let mut budget = SizeBudget::new(limit);
+            let admitted: Vec<(i64, LogEntry)> = entries
+                .iter()
+                .take_while(|(o, e)| budget.admit(*o, e))
+                .cloned()
+                .collect();
+            assert_eq!(
+                admitted.is_empty(),
+                entries.is_empty(),
+                "a first entry always"
+            );
+            let size = encode_entries(&admitted).unwrap().len();
+            assert!(
+                size <= limit || admitted.len() == 1,
+                "{} entries encode to {size} bytes over the limit {limit}",
+                admitted.len()
+            );
+            if admitted.len() > 1 && admitted.len() < entries.len() {
+                served_some += 1;
+            }
+        }
+        assert!(
+            served_some > 100,
+            "the limit cut reads short: {served_some}"
+        );
     }
 
     const LIMIT: usize = 1 << 20;
