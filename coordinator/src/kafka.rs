@@ -2,7 +2,8 @@
 //! `kafka-protocol` and answered by calling the service's rooms in-process (`service/local.rs`) (the same
 //! input checks, routing, per-id locks, [`crate::core`] rules, durable writes and markers), then
 //! encoded. Errors go through the one mapping ([`crate::error_code`], then
-//! `kafka_wire::codes::kafka_code`).
+//! `kafka_wire::codes::kafka_code`), except a storage failure: NOT_COORDINATOR, as Kafka's
+//! coordinators answer it (see `face_code`).
 //!
 //! Transaction version: Kafka clients that do not implement KIP-890 part 2 (librdkafka,
 //! kafka-python: no EndTxn v5) are on transaction version 1, so this face sends InitProducerId
@@ -295,9 +296,28 @@ fn group_code(e: &GroupError) -> i16 {
     .code()
 }
 
+/// The Kafka code this face answers for one of our codes: the one mapping
+/// (`kafka_wire::codes::kafka_code`), except a storage failure, answered NOT_COORDINATOR as
+/// Kafka's own coordinators answer a failed write of their logs (its TransactionStateManager
+/// and GroupMetadataManager). Every client retries that with the same request, so an EndTxn
+/// keeps its decision; librdkafka turns KAFKA_STORAGE_ERROR from EndTxn into an abortable error,
+/// and a commit that the coordinator may still complete after its restart would be reported to
+/// the application as failed, to be aborted and produced again.
+fn face_code(code: proto::ErrorCode) -> i16 {
+    match code {
+        proto::ErrorCode::KafkaStorageError => ResponseError::NotCoordinator.code(),
+        other => codes::kafka_code(other),
+    }
+}
+
+/// [`face_code`] of a raw `error_code` field (an unknown value is UNKNOWN_SERVER_ERROR).
+fn face_code_of(raw: i32) -> i16 {
+    face_code(proto::ErrorCode::try_from(raw).unwrap_or(proto::ErrorCode::UnknownServerError))
+}
+
 /// The Kafka code of a coordinator error.
 fn kafka_error(e: &Error) -> i16 {
-    codes::kafka_code(error_code(e))
+    face_code(error_code(e))
 }
 
 /// The Kafka code of a unit result.
@@ -761,7 +781,7 @@ impl KafkaCoordinator {
             Err(code) => code,
             // KIP-447's pending offsets, then the transaction's coordinator (this node or the
             // owner, over gRPC), as for our own client.
-            Ok(()) => codes::kafka_code_of(self.service.txn_offset_commit(grpc).await),
+            Ok(()) => face_code_of(self.service.txn_offset_commit(grpc).await),
         };
         let mut response = TxnOffsetCommitResponse::default();
         response.topics = r
@@ -919,7 +939,7 @@ impl KafkaCoordinator {
                 return response;
             }
         };
-        response.error_code = codes::kafka_code_of(listed.error_code);
+        response.error_code = face_code_of(listed.error_code);
         response.transaction_states = listed
             .transactions
             .into_iter()
@@ -963,7 +983,7 @@ impl KafkaCoordinator {
             .into_iter()
             .map(|t| {
                 let mut s = DescribedState::default();
-                s.error_code = codes::kafka_code_of(t.error_code);
+                s.error_code = face_code_of(t.error_code);
                 s.transactional_id = TransactionalId(str_bytes(t.transactional_id));
                 s.transaction_state = str_bytes(state_name(t.state));
                 s.transaction_timeout_ms = t.transaction_timeout_ms;
@@ -991,6 +1011,27 @@ impl KafkaCoordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failed write of the coordinator's state is retriable for Kafka clients (the request is
+    /// sent again, an EndTxn with its decision), as Kafka's coordinators answer it; a timed-out
+    /// transaction is abortable for librdkafka and the Java client, not fatal.
+    #[test]
+    fn storage_failures_are_retriable_and_timeouts_abortable_for_kafka_clients() {
+        let storage = Error::Storage(crate::storage::StorageError::Task("no space".into()));
+        assert_eq!(kafka_error(&storage), ResponseError::NotCoordinator.code());
+        assert_eq!(
+            face_code_of(proto::ErrorCode::KafkaStorageError as i32),
+            ResponseError::NotCoordinator.code()
+        );
+        assert_eq!(
+            face_code(proto::ErrorCode::TransactionTimedOut),
+            ResponseError::InvalidProducerIdMapping.code()
+        );
+        assert_eq!(
+            face_code(proto::ErrorCode::ProducerFenced),
+            ResponseError::ProducerFenced.code()
+        );
+    }
 
     fn slot(g: GroupMembership) -> Arc<GroupSlot> {
         Arc::new(GroupSlot {

@@ -191,6 +191,26 @@ async fn confluent_kafka_zombie_is_fenced_by_a_new_instance() {
     cluster.shutdown().await.unwrap();
 }
 
+/// PROTOCOL.md section 8 (beyond Kafka): a producer whose transaction the coordinator aborted
+/// for its timeout is told so with an abortable error, not librdkafka's fatal "fenced", so the
+/// same instance aborts and carries on; nothing of the timed-out transaction is visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_producer_carries_on_after_its_transaction_timed_out() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        timeout_scan_interval: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "timeout_confluent.py", &bootstrap, &["output"]).await;
+    assert_eq!(report["fatal"], false, "{report}");
+    assert_eq!(report["txn_requires_abort"], true, "{report}");
+    assert_eq!(report["committed_after"], 3, "{report}");
+    assert_eq!(report["timed_out_visible"], 0, "{report}");
+    cluster.shutdown().await.unwrap();
+}
+
 /// The sum of a metric's samples over every node of the cluster.
 fn metric_sum(cluster: &minibroker::EmbeddedCluster, name: &str, labels: &[(&str, &str)]) -> f64 {
     cluster

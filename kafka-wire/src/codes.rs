@@ -2,8 +2,12 @@
 //! mapped to Kafka's error codes, in one table, so both faces report the same decision.
 //!
 //! Only one row is not a name-for-name match: TRANSACTION_TIMED_OUT (beyond Kafka) has no Kafka
-//! code; it is sent as INVALID_PRODUCER_EPOCH, what a Kafka broker's leader answers a producer
-//! whose transaction the coordinator aborted with an epoch bump.
+//! code; it is sent as INVALID_PRODUCER_ID_MAPPING, which librdkafka and the Java client treat as
+//! abortable with an epoch bump (KIP-360) where the coordinator answers AddPartitionsToTxn or
+//! EndTxn, and as abortable where a leader answers Produce. So the timed-out producer aborts and
+//! carries on with the bumped epoch, as PROTOCOL.md section 8 wants; INVALID_PRODUCER_EPOCH,
+//! what Kafka answers there, is fatal "fenced" in both clients. (kafka-python treats either code
+//! as fatal.)
 
 use kafka_protocol::error::ResponseError;
 use proto::ErrorCode;
@@ -31,7 +35,7 @@ pub fn kafka_code(code: ErrorCode) -> i16 {
         E::InvalidRequest => K::InvalidRequest,
         E::NotLeaderOrFollower => K::NotLeaderOrFollower,
         E::MessageTooLarge => K::MessageTooLarge,
-        E::TransactionTimedOut => K::InvalidProducerEpoch,
+        E::TransactionTimedOut => K::InvalidProducerIdMapping,
         E::UnknownProducerId => K::UnknownProducerId,
         E::OffsetOutOfRange => K::OffsetOutOfRange,
         E::KafkaStorageError => K::KafkaStorageError,
@@ -82,6 +86,11 @@ mod tests {
         assert_eq!(mapped, 24, "every proto error code is checked");
         assert_eq!(kafka_code(ErrorCode::ProducerFenced), 90);
         assert_eq!(kafka_code(ErrorCode::InvalidProducerEpoch), 47);
+        assert_eq!(
+            kafka_code(ErrorCode::TransactionTimedOut),
+            49,
+            "abortable, not fatal, in librdkafka and the Java client"
+        );
         assert_eq!(kafka_code_of(999), -1);
     }
 }
