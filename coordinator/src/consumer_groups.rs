@@ -39,7 +39,7 @@
 //!
 //! [`tick`]: GroupMembership::tick
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Why a group request was refused (each is one of Kafka's error codes).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -155,8 +155,9 @@ pub struct GroupMembership {
     protocol: Option<String>,
     leader: Option<String>,
     members: BTreeMap<String, Member>,
-    /// Ids handed out with MEMBER_ID_REQUIRED, not joined yet.
-    pending: BTreeSet<String>,
+    /// Ids handed out with MEMBER_ID_REQUIRED, not joined yet, and when each is forgotten
+    /// (a session timeout after it was handed out, as Kafka's pending members).
+    pending: BTreeMap<String, i64>,
     next_member: u64,
     /// Kafka's `group.initial.rebalance.delay.ms` (0: none).
     initial_delay_ms: i64,
@@ -186,7 +187,7 @@ impl GroupMembership {
             protocol: None,
             leader: None,
             members: BTreeMap::new(),
-            pending: BTreeSet::new(),
+            pending: BTreeMap::new(),
             next_member: 0,
             initial_delay_ms: initial_delay_ms.max(0),
             initial_until_ms: None,
@@ -262,12 +263,13 @@ impl GroupMembership {
         let member_id = if request.member_id.is_empty() {
             let id = self.new_member_id(&request.client_id);
             if request.require_known_member_id {
-                self.pending.insert(id.clone());
+                let expires_ms = now_ms.saturating_add(i64::from(request.session_timeout_ms));
+                self.pending.insert(id.clone(), expires_ms);
                 return Err(GroupError::MemberIdRequired(id));
             }
             id
         } else if self.members.contains_key(&request.member_id)
-            || self.pending.contains(&request.member_id)
+            || self.pending.contains_key(&request.member_id)
         {
             request.member_id.clone()
         } else {
@@ -547,8 +549,12 @@ impl GroupMembership {
         }
     }
 
-    /// LeaveGroup: the member is removed at once and the others rebalance.
+    /// LeaveGroup: the member is removed at once and the others rebalance. A member id handed
+    /// out and not joined yet is forgotten (nothing to rebalance).
     pub fn leave(&mut self, member_id: &str, now_ms: i64) -> Result<(), GroupError> {
+        if self.pending.remove(member_id).is_some() {
+            return Ok(());
+        }
         if self.members.remove(member_id).is_none() {
             return Err(GroupError::UnknownMemberId(member_id.to_string()));
         }
@@ -558,8 +564,10 @@ impl GroupMembership {
     }
 
     /// Expires members whose session ran out (not while a JoinGroup or SyncGroup of theirs is
-    /// parked) and completes a round whose deadline passed. Returns the expired member ids.
+    /// parked) and member ids handed out but not joined within a session timeout, and completes
+    /// a round whose deadline passed. Returns the expired member ids.
     pub fn tick(&mut self, now_ms: i64) -> Vec<String> {
+        self.pending.retain(|_, expires_ms| now_ms < *expires_ms);
         let expired: Vec<String> = self
             .members
             .iter()
@@ -580,23 +588,30 @@ impl GroupMembership {
         expired
     }
 
-    /// KIP-447 / OffsetCommit: may this caller commit offsets for the group? A caller outside
-    /// any generation (`generation` < 0 and no member id: a standalone consumer, or a producer
-    /// that was given only the group id) may while the group has no members.
+    /// KIP-447 / OffsetCommit: may this caller commit offsets for the group? Kafka's rules
+    /// (`GroupCoordinator.validateOffsetCommit`):
+    /// - a caller that names a member, a generation or an instance must be that member, in the
+    ///   current generation;
+    /// - a caller outside any generation (`generation` < 0, no member id, no instance id): a
+    ///   plain commit (a standalone consumer) only while the group has no members, else
+    ///   UNKNOWN_MEMBER_ID; a transactional one always (TxnOffsetCommit before v3 cannot carry
+    ///   the member, nor can the clients that pass only the group id: their producer's epoch is
+    ///   what fences them, at the transaction's coordinator);
+    /// - a plain commit of a member while the group waits for its assignment
+    ///   (CompletingRebalance) is REBALANCE_IN_PROGRESS: the member commits again after
+    ///   SyncGroup.
     pub fn check_commit(
         &self,
         member_id: &str,
         generation: i32,
         instance_id: Option<&str>,
+        kind: CommitKind,
     ) -> Result<(), GroupError> {
-        if generation < 0 && member_id.is_empty() {
-            return if self.members.is_empty() {
-                Ok(())
-            } else {
-                Err(GroupError::IllegalGeneration {
-                    got: generation,
-                    current: self.generation,
-                })
+        if generation < 0 && member_id.is_empty() && instance_id.is_none() {
+            return match kind {
+                CommitKind::Transactional => Ok(()),
+                CommitKind::Plain if self.members.is_empty() => Ok(()),
+                CommitKind::Plain => Err(GroupError::UnknownMemberId(String::new())),
             };
         }
         let member = self
@@ -614,8 +629,20 @@ impl GroupMembership {
                 current: self.generation,
             });
         }
+        if kind == CommitKind::Plain && self.state == GroupState::CompletingRebalance {
+            return Err(GroupError::RebalanceInProgress);
+        }
         Ok(())
     }
+}
+
+/// Which request commits offsets ([`GroupMembership::check_commit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitKind {
+    /// OffsetCommit: applied at once.
+    Plain,
+    /// TxnOffsetCommit: pending until its transaction's marker.
+    Transactional,
 }
 
 #[cfg(test)]
@@ -813,35 +840,73 @@ mod tests {
         assert_eq!(g.join(bad, 62), Err(GroupError::InvalidSessionTimeout(10)));
     }
 
+    use CommitKind::{Plain, Transactional as Txn};
+
     #[test]
     fn kip_447_commits_are_checked_against_the_generation() {
         let (mut g, a, b) = stable_pair();
-        assert_eq!(g.check_commit(&a, 2, None), Ok(()));
+        assert_eq!(g.check_commit(&a, 2, None, Txn), Ok(()));
+        assert_eq!(g.check_commit(&a, 2, None, Plain), Ok(()));
         // A zombie of generation 2 after the group moved on to generation 3.
         g.leave(&b, 70).unwrap();
         g.join(join(&a, &["range"]), 71).unwrap();
         g.join_result(&a).unwrap().unwrap();
+        for kind in [Txn, Plain] {
+            assert_eq!(
+                g.check_commit(&a, 2, None, kind),
+                Err(GroupError::IllegalGeneration { got: 2, current: 3 })
+            );
+            assert_eq!(
+                g.check_commit(&b, 3, None, kind),
+                Err(GroupError::UnknownMemberId(b.clone()))
+            );
+        }
+        // Outside any generation while the group has members: a standalone consumer's commit
+        // is refused; a transactional one (no member to name before TxnOffsetCommit v3, or a
+        // client given only the group id) is left to the producer's epoch, as Kafka's.
         assert_eq!(
-            g.check_commit(&a, 2, None),
-            Err(GroupError::IllegalGeneration { got: 2, current: 3 })
+            g.check_commit("", -1, None, Plain),
+            Err(GroupError::UnknownMemberId(String::new()))
         );
+        assert_eq!(g.check_commit("", -1, None, Txn), Ok(()));
         assert_eq!(
-            g.check_commit(&b, 3, None),
-            Err(GroupError::UnknownMemberId(b.clone()))
+            g.check_commit("", -1, Some("i-9"), Txn),
+            Err(GroupError::UnknownMemberId(String::new())),
+            "naming an instance is naming a member"
         );
-        assert!(g.check_commit("", -1, None).is_err(), "members exist");
         let mut empty = GroupMembership::new("e");
-        assert_eq!(empty.check_commit("", -1, None), Ok(()));
+        assert_eq!(empty.check_commit("", -1, None, Plain), Ok(()));
+        assert_eq!(empty.check_commit("", -1, None, Txn), Ok(()));
         // Static membership: another instance id is fenced.
         let mut request = join("", &["range"]);
         request.group_instance_id = Some("i-1".into());
         let m = empty.join(request, 0).unwrap();
         empty.join_result(&m).unwrap().unwrap();
         assert_eq!(
-            empty.check_commit(&m, 1, Some("i-2")),
+            empty.check_commit(&m, 1, Some("i-2"), Txn),
             Err(GroupError::FencedInstanceId(m.clone()))
         );
-        assert_eq!(empty.check_commit(&m, 1, Some("i-1")), Ok(()));
+        assert_eq!(empty.check_commit(&m, 1, Some("i-1"), Txn), Ok(()));
+    }
+
+    /// Kafka's rule for a member's plain commit while the group waits for the leader's
+    /// assignment: REBALANCE_IN_PROGRESS (the member commits again after SyncGroup); a
+    /// transactional one stays pending until its marker, so it is taken.
+    #[test]
+    fn a_plain_commit_waits_for_the_assignment_a_transactional_one_does_not() {
+        let mut g = GroupMembership::new("g");
+        let a = g.join(join("", &["range"]), 0).unwrap();
+        g.join_result(&a).unwrap().unwrap();
+        assert_eq!(g.state(), GroupState::CompletingRebalance);
+        assert_eq!(
+            g.check_commit(&a, 1, None, Plain),
+            Err(GroupError::RebalanceInProgress)
+        );
+        assert_eq!(g.check_commit(&a, 1, None, Txn), Ok(()));
+        g.sync(&a, 1, vec![(a.clone(), b"all".to_vec())], 1)
+            .unwrap();
+        assert_eq!(g.state(), GroupState::Stable);
+        assert_eq!(g.check_commit(&a, 1, None, Plain), Ok(()));
     }
 
     /// A zombie member of a previous life of the group (before a coordinator restart, or
@@ -862,15 +927,15 @@ mod tests {
         assert_eq!(after.generation(), 1);
         assert_ne!(zombie, live);
         assert_eq!(
-            after.check_commit(&zombie, 1, None),
+            after.check_commit(&zombie, 1, None, Txn),
             Err(GroupError::UnknownMemberId(zombie.clone()))
         );
-        assert_eq!(after.check_commit(&live, 1, None), Ok(()));
+        assert_eq!(after.check_commit(&live, 1, None, Txn), Ok(()));
         // Without incarnations the two lives hand out the same id: the hole this closes.
         let (mut a, mut b) = (GroupMembership::new("g"), GroupMembership::new("g"));
         let (old, new) = (member_of(&mut a), member_of(&mut b));
         assert_eq!(old, new);
-        assert_eq!(b.check_commit(&old, 1, None), Ok(()));
+        assert_eq!(b.check_commit(&old, 1, None, Txn), Ok(()));
     }
 
     #[test]
@@ -885,6 +950,26 @@ mod tests {
             Err(GroupError::MemberIdRequired(_))
         ));
         assert!(!g.is_idle());
+        // ... until it has waited a session timeout (10 s) for its JoinGroup, as Kafka's
+        // pending members: otherwise ids handed out to clients that never came back would keep
+        // the group, and their memory, for good.
+        g.tick(9_999);
+        assert!(!g.is_idle());
+        g.tick(10_000);
+        assert!(g.is_idle(), "forgotten after a session timeout");
+        // A LeaveGroup with a handed-out id forgets it at once.
+        let mut request = join("", &["range"]);
+        request.require_known_member_id = true;
+        let Err(GroupError::MemberIdRequired(id)) = g.join(request, 20_000) else {
+            panic!("a member id is required first");
+        };
+        assert_eq!(g.leave(&id, 20_001), Ok(()));
+        assert!(g.is_idle());
+        assert_eq!(
+            g.join(join(&id, &["range"]), 20_002),
+            Err(GroupError::UnknownMemberId(id.clone())),
+            "gone"
+        );
         let (mut g, a, b) = stable_pair();
         assert!(!g.is_idle());
         g.leave(&a, 80).unwrap();

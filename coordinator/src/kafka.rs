@@ -94,7 +94,7 @@ use kafka_protocol::messages::{
     SyncGroupResponse,
 };
 
-use crate::consumer_groups::{GroupError, GroupMembership, JoinRequest};
+use crate::consumer_groups::{CommitKind, GroupError, GroupMembership, JoinRequest};
 use crate::core::TransactionVersion;
 use crate::error_code;
 use crate::service::LocalService;
@@ -412,8 +412,9 @@ impl KafkaCoordinator {
         member_id: &str,
         generation: i32,
         instance_id: Option<&str>,
+        kind: CommitKind,
     ) -> Result<(), i16> {
-        if generation < 0 && member_id.is_empty() {
+        if generation < 0 && member_id.is_empty() && instance_id.is_none() {
             // Not from a group member (Kafka's "simple" commit): the transaction's checks only.
             let known = self.groups().slots.contains_key(group_id);
             if !known {
@@ -421,7 +422,7 @@ impl KafkaCoordinator {
             }
         }
         self.with_group(group_id, |g, _| {
-            g.check_commit(member_id, generation, instance_id)
+            g.check_commit(member_id, generation, instance_id, kind)
         })
         .map_err(|e| {
             tracing::info!(
@@ -442,6 +443,7 @@ impl KafkaCoordinator {
                 &r.member_id,
                 r.generation_id_or_member_epoch,
                 r.group_instance_id.as_deref(),
+                CommitKind::Plain,
             )
         }) {
             Err(code) => code,
@@ -767,6 +769,7 @@ impl KafkaCoordinator {
                 &r.member_id,
                 r.generation_id,
                 r.group_instance_id.as_deref(),
+                CommitKind::Transactional,
             )
         });
         let grpc = proto::TxnOffsetCommitRequest {
