@@ -763,7 +763,7 @@ impl KafkaCoordinator {
         // This node must serve the group (and have loaded) before the membership is looked at:
         // a request before the load is COORDINATOR_LOAD_IN_PROGRESS, on a non-owner
         // NOT_COORDINATOR, as for every group request, and neither creates a membership.
-        let fenced = self.check_group(&group_id).and_then(|()| {
+        let check = || {
             self.check_group_commit(
                 &group_id,
                 &r.member_id,
@@ -771,7 +771,8 @@ impl KafkaCoordinator {
                 r.group_instance_id.as_deref(),
                 CommitKind::Transactional,
             )
-        });
+        };
+        let fenced = self.check_group(&group_id).and_then(|()| check());
         let grpc = proto::TxnOffsetCommitRequest {
             transactional_id: r.transactional_id.0.to_string(),
             producer_id: r.producer_id.0,
@@ -784,7 +785,12 @@ impl KafkaCoordinator {
             Err(code) => code,
             // KIP-447's pending offsets, then the transaction's coordinator (this node or the
             // owner, over gRPC), as for our own client.
-            Ok(()) => face_code_of(self.service.txn_offset_commit(grpc).await),
+            // The membership is checked again once the offsets are pending (a rebalance
+            // meanwhile must not let the partitions' new owner read the old offset as stable).
+            Ok(()) => match self.service.txn_offset_commit(grpc, check).await {
+                Ok(raw) => face_code_of(raw),
+                Err(code) => code,
+            },
         };
         let mut response = TxnOffsetCommitResponse::default();
         response.topics = r

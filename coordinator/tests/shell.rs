@@ -892,3 +892,63 @@ async fn a_group_marker_does_not_wait_for_a_commit_of_another_group() {
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }
+
+/// KIP-447: the membership check of a TxnOffsetCommit holds from before its offsets are pending
+/// until the commit goes on. A member's commit passes the check, then waits to record its
+/// offsets (here: its write held in the storage) while the group rebalances to a generation
+/// without it; once its offsets are pending it is checked again, refused (ILLEGAL_GENERATION)
+/// and its hold given back, so it never reaches the transaction and the group's next owner of
+/// the partition reads no pending offset of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_txn_offset_commit_overtaken_by_a_rebalance_is_fenced_once_pending() {
+    use kafka_protocol::messages::{ApiKey, ResponseKind};
+    use testkit::kafka::{call, join_group, offset_fetch_v7, OffsetTxn};
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    let (_, kafka, stop, task) = serve_kafka(storage.clone(), "").await;
+    let group = "race-group";
+    let joined = |member: &str| {
+        let request = join_group(group, member);
+        async move {
+            let ResponseKind::JoinGroup(j) = call(kafka, ApiKey::JoinGroup, 5, request).await
+            else {
+                panic!("JoinGroup response")
+            };
+            (j.error_code, j.member_id.to_string(), j.generation_id)
+        }
+    };
+    let (code, member, _) = eventually("the coordinator has loaded", || async {
+        let answer = joined("").await;
+        (answer.0 != 14).then_some(answer)
+    })
+    .await;
+    assert_eq!(code, 79, "MEMBER_ID_REQUIRED");
+    assert_eq!(joined(&member).await, (0, member.clone(), 1));
+    let t = OffsetTxn::init(kafka, kafka, "race-txn", group).await;
+    t.add_offsets().await;
+
+    storage.hold_next_pending_put.store(true, Ordering::SeqCst);
+    let commit = {
+        let t = OffsetTxn { ..t };
+        let member = member.clone();
+        tokio::spawn(async move { t.commit_offset(&member, 1, 5).await })
+    };
+    eventually("the commit is recording its offsets", || async {
+        storage
+            .pending_put_held
+            .load(Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    // The group moves on to generation 2 meanwhile.
+    assert_eq!(joined(&member).await, (0, member.clone(), 2));
+    storage.release_pending_put();
+    assert_eq!(commit.await.unwrap(), 22, "ILLEGAL_GENERATION");
+    assert_eq!(
+        offset_fetch_v7(kafka, group, true).await,
+        (0, (0, -1)),
+        "nothing pending, nothing committed"
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}

@@ -149,13 +149,34 @@ impl Shared {
         self: &Arc<Self>,
         request: proto::TxnOffsetCommitRequest,
     ) -> (i32, String) {
+        match self
+            .txn_offset_commit_fenced(request, || Ok::<(), std::convert::Infallible>(()))
+            .await
+        {
+            Ok(answer) => answer,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Self::txn_offset_commit_at_group`], with `fence` (the Kafka face's KIP-447 membership
+    /// check) asked again once the offsets are pending, before the commit goes on: a check made
+    /// only before they were pending could pass, then the group rebalance while the commit
+    /// waits to record them, and the partitions' new owner read the old offset as stable in
+    /// between. Pending first, then checked: a rebalance after the check finds them pending
+    /// (UNSTABLE_OFFSET_COMMIT until the transaction ends), and a commit whose check fails is
+    /// refused with `fence`'s error and its hold given back.
+    pub(crate) async fn txn_offset_commit_fenced<E>(
+        self: &Arc<Self>,
+        request: proto::TxnOffsetCommitRequest,
+        fence: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(i32, String), E> {
         let (caller, group, offsets) = match wire::txn_offset_commit(request.clone()) {
             Ok(checked) => checked,
-            Err(e) => return code_of::<()>(&Err(e)),
+            Err(e) => return Ok(code_of::<()>(&Err(e))),
         };
         if let Err(not_coordinator) = self.check_owner(&group) {
             if request.auth.is_none() {
-                return code_of::<()>(&Err(not_coordinator));
+                return Ok(code_of::<()>(&Err(not_coordinator)));
             }
             let result = match self
                 .authenticate(&request, true)
@@ -164,7 +185,7 @@ impl Shared {
                 Ok(()) => self.txn_offset_commit(caller, group, offsets).await,
                 Err(e) => Err(e),
             };
-            return code_of(&result);
+            return Ok(code_of(&result));
         }
         let partitions: Vec<TopicPartition> = offsets.iter().map(|(tp, _)| tp.clone()).collect();
         let producer = caller.producer;
@@ -172,7 +193,12 @@ impl Shared {
             .record_pending_txn_offsets(&group, producer, &partitions)
             .await
         {
-            return code_of::<()>(&Err(e));
+            return Ok(code_of::<()>(&Err(e)));
+        }
+        if let Err(fenced) = fence() {
+            self.forget_pending_txn_offsets(&group, producer, &partitions)
+                .await;
+            return Err(fenced);
         }
         let owner = self.topology.coordinator_for(&caller.id).clone();
         let answer = if owner.id == self.node_id {
@@ -182,7 +208,7 @@ impl Shared {
         } else {
             self.forward_txn_offset_commit(&owner, request).await
         };
-        match answer {
+        Ok(match answer {
             Ok((code, message)) => {
                 if code != ErrorCode::None as i32 {
                     // Refused: the transaction does not hold these offsets.
@@ -195,7 +221,7 @@ impl Shared {
             // for the group (a group in the transaction gets one, COMMIT or ABORT), or until
             // they age out (`max_pending_age_ms`).
             Err(message) => (ErrorCode::CoordinatorNotAvailable as i32, message),
-        }
+        })
     }
 
     /// TxnOffsetCommit handed to `owner`, the transactional id's coordinator, over gRPC on

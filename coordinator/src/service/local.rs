@@ -91,10 +91,16 @@ impl LocalService {
         self.shared.add_offsets(caller, group).await
     }
 
-    /// TxnOffsetCommit as the group's coordinator takes it (see `Shared`'s
-    /// `txn_offset_commit_at_group`): the wire code of the answer.
-    pub(crate) async fn txn_offset_commit(&self, request: proto::TxnOffsetCommitRequest) -> i32 {
-        self.shared.txn_offset_commit_at_group(request).await.0
+    /// TxnOffsetCommit as the group's coordinator takes it, with `fence` asked again once its
+    /// offsets are pending (see `Shared`'s `txn_offset_commit_fenced`): the wire code of the
+    /// answer, or `fence`'s error.
+    pub(crate) async fn txn_offset_commit<E>(
+        &self,
+        request: proto::TxnOffsetCommitRequest,
+        fence: impl FnOnce() -> Result<(), E>,
+    ) -> Result<i32, E> {
+        let answer = self.shared.txn_offset_commit_fenced(request, fence).await?;
+        Ok(answer.0)
     }
 
     /// EndTxn: the caller's (PID, epoch) from now on.
