@@ -310,6 +310,17 @@ fn face_code(code: proto::ErrorCode) -> i16 {
     }
 }
 
+/// PRODUCER_FENCED (KIP-588) as a client on an older version of the request knows it:
+/// INVALID_PRODUCER_EPOCH below `since`, the first version that may carry it, as Kafka answers
+/// (InitProducerId v4, AddPartitionsToTxn, AddOffsetsToTxn and EndTxn v2). Fatal either way.
+fn fenced_as_known(code: i16, version: i16, since: i16) -> i16 {
+    if code == ResponseError::ProducerFenced.code() && version < since {
+        ResponseError::InvalidProducerEpoch.code()
+    } else {
+        code
+    }
+}
+
 /// [`face_code`] of a raw `error_code` field (an unknown value is UNKNOWN_SERVER_ERROR).
 fn face_code_of(raw: i32) -> i16 {
     face_code(proto::ErrorCode::try_from(raw).unwrap_or(proto::ErrorCode::UnknownServerError))
@@ -366,18 +377,33 @@ impl Handler for KafkaCoordinator {
         let version = request.version;
         let response = match request.body {
             RequestKind::InitProducerId(r) => {
-                ResponseKind::InitProducerId(self.init_producer_id(r).await)
+                let mut response = self.init_producer_id(r).await;
+                response.error_code = fenced_as_known(response.error_code, version, 4);
+                ResponseKind::InitProducerId(response)
             }
             RequestKind::AddPartitionsToTxn(r) => {
-                ResponseKind::AddPartitionsToTxn(self.add_partitions(r).await)
+                let mut response = self.add_partitions(r).await;
+                for t in &mut response.results_by_topic_v3_and_below {
+                    for p in &mut t.results_by_partition {
+                        p.partition_error_code =
+                            fenced_as_known(p.partition_error_code, version, 2);
+                    }
+                }
+                ResponseKind::AddPartitionsToTxn(response)
             }
             RequestKind::AddOffsetsToTxn(r) => {
-                ResponseKind::AddOffsetsToTxn(self.add_offsets(r).await)
+                let mut response = self.add_offsets(r).await;
+                response.error_code = fenced_as_known(response.error_code, version, 2);
+                ResponseKind::AddOffsetsToTxn(response)
             }
             RequestKind::TxnOffsetCommit(r) => {
                 ResponseKind::TxnOffsetCommit(self.txn_offset_commit(r).await)
             }
-            RequestKind::EndTxn(r) => ResponseKind::EndTxn(self.end_txn(r).await),
+            RequestKind::EndTxn(r) => {
+                let mut response = self.end_txn(r).await;
+                response.error_code = fenced_as_known(response.error_code, version, 2);
+                ResponseKind::EndTxn(response)
+            }
             RequestKind::OffsetFetch(r) => {
                 ResponseKind::OffsetFetch(self.offset_fetch(r, version).await)
             }
@@ -1040,6 +1066,21 @@ mod tests {
             face_code(proto::ErrorCode::ProducerFenced),
             ResponseError::ProducerFenced.code()
         );
+    }
+
+    /// A client on a request version from before KIP-588 does not know PRODUCER_FENCED: it is
+    /// told INVALID_PRODUCER_EPOCH, as Kafka tells it.
+    #[test]
+    fn producer_fenced_is_invalid_producer_epoch_for_versions_that_predate_it() {
+        let (fenced, epoch) = (
+            ResponseError::ProducerFenced.code(),
+            ResponseError::InvalidProducerEpoch.code(),
+        );
+        assert_eq!(fenced_as_known(fenced, 3, 4), epoch);
+        assert_eq!(fenced_as_known(fenced, 4, 4), fenced);
+        assert_eq!(fenced_as_known(fenced, 1, 2), epoch);
+        assert_eq!(fenced_as_known(0, 0, 2), 0);
+        assert_eq!(fenced_as_known(epoch, 5, 2), epoch);
     }
 
     fn slot(g: GroupMembership) -> Arc<GroupSlot> {

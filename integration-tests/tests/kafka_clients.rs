@@ -1110,6 +1110,64 @@ fn str_bytes(v: &str) -> kafka_protocol::protocol::StrBytes {
     kafka_wire::str_bytes(v)
 }
 
+/// A fenced instance on a request version from before KIP-588 is told INVALID_PRODUCER_EPOCH
+/// (the code it knows), from v2 of EndTxn and AddOffsetsToTxn PRODUCER_FENCED, as Kafka answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fenced_producer_gets_the_fenced_code_its_request_version_knows() {
+    use kafka_protocol::messages::*;
+    let cluster = cluster().await;
+    let txn = "fenced-versions";
+    let coordinator = cluster.kafka_address(cluster.coordinator_for(txn)).unwrap();
+    let zombie = OffsetTxn::init(coordinator, coordinator, txn, "fenced-versions-group").await;
+    let live = OffsetTxn::init(coordinator, coordinator, txn, "fenced-versions-group").await;
+    assert_eq!(live.producer.1, zombie.producer.1 + 1);
+    let end = |version: i16| async move {
+        let mut end = EndTxnRequest::default();
+        end.transactional_id = TransactionalId(str_bytes(txn));
+        end.producer_id = ProducerId(zombie.producer.0);
+        end.producer_epoch = zombie.producer.1;
+        end.committed = true;
+        let ResponseKind::EndTxn(r) = kafka_call(
+            coordinator,
+            ApiKey::EndTxn,
+            version,
+            RequestKind::EndTxn(end),
+        )
+        .await
+        else {
+            panic!("EndTxn response")
+        };
+        r.error_code
+    };
+    let add_offsets = |version: i16| async move {
+        let mut add = AddOffsetsToTxnRequest::default();
+        add.transactional_id = TransactionalId(str_bytes(txn));
+        add.producer_id = ProducerId(zombie.producer.0);
+        add.producer_epoch = zombie.producer.1;
+        add.group_id = GroupId(str_bytes("fenced-versions-group"));
+        let ResponseKind::AddOffsetsToTxn(r) = kafka_call(
+            coordinator,
+            ApiKey::AddOffsetsToTxn,
+            version,
+            RequestKind::AddOffsetsToTxn(add),
+        )
+        .await
+        else {
+            panic!("AddOffsetsToTxn response")
+        };
+        r.error_code
+    };
+    for version in [0, 1] {
+        assert_eq!(end(version).await, 47, "EndTxn v{version}");
+        assert_eq!(add_offsets(version).await, 47, "AddOffsetsToTxn v{version}");
+    }
+    for version in [2, 3] {
+        assert_eq!(end(version).await, 90, "EndTxn v{version}");
+        assert_eq!(add_offsets(version).await, 90, "AddOffsetsToTxn v{version}");
+    }
+    cluster.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
     use kafka_protocol::messages::*;
