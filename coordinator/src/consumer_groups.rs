@@ -158,6 +158,10 @@ pub struct GroupMembership {
     /// Ids handed out with MEMBER_ID_REQUIRED, not joined yet, and when each is forgotten
     /// (a session timeout after it was handed out, as Kafka's pending members).
     pending: BTreeMap<String, i64>,
+    /// Static members (KIP-345): the member id that holds each group instance id now. A new
+    /// instance joining with the id replaces the member that held it, and the old one is
+    /// fenced from then on (FENCED_INSTANCE_ID).
+    static_members: BTreeMap<String, String>,
     next_member: u64,
     /// Kafka's `group.initial.rebalance.delay.ms` (0: none).
     initial_delay_ms: i64,
@@ -188,6 +192,7 @@ impl GroupMembership {
             leader: None,
             members: BTreeMap::new(),
             pending: BTreeMap::new(),
+            static_members: BTreeMap::new(),
             next_member: 0,
             initial_delay_ms: initial_delay_ms.max(0),
             initial_until_ms: None,
@@ -262,28 +267,38 @@ impl GroupMembership {
         }
         let member_id = if request.member_id.is_empty() {
             let id = self.new_member_id(&request.client_id);
-            if request.require_known_member_id {
+            // A static member gets its id at once (KIP-345 members skip KIP-394's round trip).
+            if request.require_known_member_id && request.group_instance_id.is_none() {
                 let expires_ms = now_ms.saturating_add(i64::from(request.session_timeout_ms));
                 self.pending.insert(id.clone(), expires_ms);
                 return Err(GroupError::MemberIdRequired(id));
             }
             id
-        } else if self.members.contains_key(&request.member_id)
-            || self.pending.contains_key(&request.member_id)
-        {
-            request.member_id.clone()
         } else {
-            return Err(GroupError::UnknownMemberId(request.member_id));
+            self.fence_instance(&request.member_id, request.group_instance_id.as_deref())?;
+            if !self.members.contains_key(&request.member_id)
+                && !self.pending.contains_key(&request.member_id)
+            {
+                return Err(GroupError::UnknownMemberId(request.member_id));
+            }
+            request.member_id.clone()
         };
         if request.protocols.is_empty() || request.protocol_type.is_empty() {
             return Err(GroupError::InconsistentGroupProtocol(
                 "no protocol type or protocols".into(),
             ));
         }
+        // A static instance that replaces its member: the old member is not one of the others.
+        let replaced = request
+            .group_instance_id
+            .as_ref()
+            .and_then(|i| self.static_members.get(i))
+            .filter(|old| **old != member_id)
+            .cloned();
         let others: Vec<&Member> = self
             .members
             .iter()
-            .filter(|(id, _)| **id != member_id)
+            .filter(|(id, _)| **id != member_id && Some(*id) != replaced.as_ref())
             .map(|(_, m)| m)
             .collect();
         if !others.is_empty() {
@@ -305,6 +320,13 @@ impl GroupMembership {
             }
         }
         self.pending.remove(&member_id);
+        if let Some(instance) = &request.group_instance_id {
+            if let Some(old) = replaced {
+                self.members.remove(&old);
+            }
+            self.static_members
+                .insert(instance.clone(), member_id.clone());
+        }
         self.protocol_type = Some(request.protocol_type);
         let rebalance_timeout_ms = if request.rebalance_timeout_ms > 0 {
             request.rebalance_timeout_ms
@@ -443,6 +465,32 @@ impl GroupMembership {
         }
     }
 
+    /// KIP-345: a request naming a group instance id that another member holds now comes
+    /// from the instance that member replaced: FENCED_INSTANCE_ID.
+    pub fn fence_instance(
+        &self,
+        member_id: &str,
+        instance_id: Option<&str>,
+    ) -> Result<(), GroupError> {
+        match instance_id.and_then(|i| self.static_members.get(i)) {
+            Some(current) if current != member_id => {
+                Err(GroupError::FencedInstanceId(member_id.to_string()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The member id that holds `instance_id` (a static member), if any.
+    pub fn static_member(&self, instance_id: &str) -> Option<&str> {
+        self.static_members.get(instance_id).map(String::as_str)
+    }
+
+    /// Drops the instance ids of members that are gone.
+    fn forget_gone_instances(&mut self) {
+        let members = &self.members;
+        self.static_members.retain(|_, m| members.contains_key(m));
+    }
+
     fn member(&self, member_id: &str, generation: i32) -> Result<&Member, GroupError> {
         let member = self
             .members
@@ -558,6 +606,7 @@ impl GroupMembership {
         if self.members.remove(member_id).is_none() {
             return Err(GroupError::UnknownMemberId(member_id.to_string()));
         }
+        self.forget_gone_instances();
         self.prepare_rebalance(now_ms);
         self.try_complete_join(now_ms);
         Ok(())
@@ -581,6 +630,7 @@ impl GroupMembership {
         for id in &expired {
             self.members.remove(id);
         }
+        self.forget_gone_instances();
         if !expired.is_empty() {
             self.prepare_rebalance(now_ms);
         }
@@ -614,6 +664,7 @@ impl GroupMembership {
                 CommitKind::Plain => Err(GroupError::UnknownMemberId(String::new())),
             };
         }
+        self.fence_instance(member_id, instance_id)?;
         let member = self
             .members
             .get(member_id)
@@ -907,6 +958,50 @@ mod tests {
             .unwrap();
         assert_eq!(g.state(), GroupState::Stable);
         assert_eq!(g.check_commit(&a, 1, None, Plain), Ok(()));
+    }
+
+    /// KIP-345: a new instance of a static member (same group instance id, no member id)
+    /// replaces the member that held the id, and every later request of the old member naming
+    /// the instance (JoinGroup, SyncGroup, Heartbeat, commits) is FENCED_INSTANCE_ID: the old
+    /// process, stalled and back, cannot commit for the partitions the new one now owns.
+    #[test]
+    fn a_replaced_static_member_is_fenced() {
+        let static_join = |member: &str| {
+            let mut request = join(member, &["range"]);
+            request.group_instance_id = Some("i-1".into());
+            request.require_known_member_id = true;
+            request
+        };
+        let mut g = GroupMembership::new("g");
+        let old = g.join(static_join(""), 0).unwrap();
+        assert_eq!(g.join_result(&old).unwrap().unwrap().generation, 1);
+        g.sync(&old, 1, vec![(old.clone(), b"all".to_vec())], 1)
+            .unwrap();
+        assert_eq!(g.static_member("i-1"), Some(old.as_str()));
+        // The replacement: a member id at once (no MEMBER_ID_REQUIRED for a static member).
+        let new = g.join(static_join(""), 10).unwrap();
+        assert_ne!(new, old);
+        assert_eq!(g.member_ids(), vec![new.clone()], "the old member is gone");
+        assert_eq!(g.static_member("i-1"), Some(new.as_str()));
+        assert_eq!(g.join_result(&new).unwrap().unwrap().generation, 2);
+        let fenced = GroupError::FencedInstanceId(old.clone());
+        assert_eq!(g.join(static_join(&old), 11), Err(fenced.clone()));
+        assert_eq!(g.fence_instance(&old, Some("i-1")), Err(fenced.clone()));
+        assert_eq!(
+            g.check_commit(&old, 1, Some("i-1"), Txn),
+            Err(fenced.clone())
+        );
+        assert_eq!(g.check_commit(&old, 2, Some("i-1"), Plain), Err(fenced));
+        // Without the instance id the old member is simply unknown.
+        assert_eq!(
+            g.check_commit(&old, 2, None, Txn),
+            Err(GroupError::UnknownMemberId(old.clone()))
+        );
+        assert_eq!(g.check_commit(&new, 2, Some("i-1"), Txn), Ok(()));
+        // The instance leaves: the id is free again and the group idle.
+        g.leave(&new, 20).unwrap();
+        assert_eq!(g.static_member("i-1"), None);
+        assert!(g.is_idle());
     }
 
     /// A zombie member of a previous life of the group (before a coordinator restart, or

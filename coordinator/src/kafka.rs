@@ -598,7 +598,9 @@ impl KafkaCoordinator {
             .iter()
             .map(|a| (a.member_id.to_string(), a.assignment.to_vec()))
             .collect();
+        let instance = r.group_instance_id.as_ref().map(|i| i.to_string());
         if let Err(e) = self.with_group(&group_id, |g, now| {
+            g.fence_instance(&member_id, instance.as_deref())?;
             g.sync(&member_id, generation, assignments, now)
         }) {
             response.error_code = group_code(&e);
@@ -640,6 +642,7 @@ impl KafkaCoordinator {
             Err(code) => code,
             Ok(()) => self
                 .with_group(&group_id, |g, now| {
+                    g.fence_instance(&r.member_id, r.group_instance_id.as_deref())?;
                     g.heartbeat(&r.member_id, r.generation_id, now)
                 })
                 .map_or_else(|e| group_code(&e), |()| 0),
@@ -667,7 +670,16 @@ impl KafkaCoordinator {
                 members
                     .into_iter()
                     .map(|(id, instance)| {
-                        let code = g.leave(&id, now).map_or_else(|e| group_code(&e), |()| 0);
+                        // KIP-345: a static member may leave by its instance id alone; one
+                        // naming another member than the instance's current one is fenced.
+                        let named = match (id.is_empty(), instance.as_deref()) {
+                            (true, Some(i)) => g.static_member(i).unwrap_or_default().to_string(),
+                            _ => id.clone(),
+                        };
+                        let code = g
+                            .fence_instance(&named, instance.as_deref())
+                            .and_then(|()| g.leave(&named, now))
+                            .map_or_else(|e| group_code(&e), |()| 0);
                         (id, instance, code)
                     })
                     .collect()

@@ -211,6 +211,30 @@ async fn confluent_kafka_producer_carries_on_after_its_transaction_timed_out() {
     cluster.shutdown().await.unwrap();
 }
 
+/// KIP-345 with librdkafka: a new process with the same group.instance.id replaces the static
+/// member, and the old one, still alive, is fenced (FENCED_INSTANCE_ID, fatal for librdkafka)
+/// instead of staying a second member of the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_static_member_is_replaced_and_the_old_instance_fenced() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        group_initial_rebalance_delay: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(
+        &python,
+        "static_member_confluent.py",
+        &bootstrap,
+        &["input"],
+    )
+    .await;
+    assert_eq!(report["a_fatal"], true, "{report}");
+    assert_eq!(report["b_partitions"], 3, "{report}");
+    cluster.shutdown().await.unwrap();
+}
+
 /// The sum of a metric's samples over every node of the cluster.
 fn metric_sum(cluster: &minibroker::EmbeddedCluster, name: &str, labels: &[(&str, &str)]) -> f64 {
     cluster
