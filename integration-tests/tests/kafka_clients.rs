@@ -1441,6 +1441,23 @@ async fn a_group_member_from_before_a_coordinator_restart_is_fenced() {
         })
         .await
     };
+    // The leader's SyncGroup: the group is Stable, so plain commits are taken (while it waits
+    // for the assignment they are REBALANCE_IN_PROGRESS, as in Kafka).
+    let sync = |member: String, generation: i32| async move {
+        let mut r = SyncGroupRequest::default();
+        r.group_id = GroupId(s(group));
+        r.member_id = s(&member);
+        r.generation_id = generation;
+        let mut a = sync_group_request::SyncGroupRequestAssignment::default();
+        a.member_id = s(&member);
+        r.assignments = vec![a];
+        let ResponseKind::SyncGroup(r) =
+            kafka_call(coordinator, ApiKey::SyncGroup, 3, RequestKind::SyncGroup(r)).await
+        else {
+            panic!("SyncGroup response")
+        };
+        assert_eq!(r.error_code, 0, "SyncGroup");
+    };
     let commit = |member: String, generation: i32, offset: i64| async move {
         let mut c = OffsetCommitRequest::default();
         c.group_id = GroupId(s(group));
@@ -1468,6 +1485,12 @@ async fn a_group_member_from_before_a_coordinator_restart_is_fenced() {
 
     let (zombie, zombie_generation) = join().await;
     assert_eq!(zombie_generation, 1);
+    assert_eq!(
+        commit(zombie.clone(), 1, 5).await,
+        27,
+        "REBALANCE_IN_PROGRESS"
+    );
+    sync(zombie.clone(), 1).await;
     assert_eq!(commit(zombie.clone(), 1, 5).await, 0);
 
     cluster.kill(node).await.unwrap();
@@ -1475,6 +1498,7 @@ async fn a_group_member_from_before_a_coordinator_restart_is_fenced() {
     let (live, live_generation) = join().await;
     assert_eq!(live_generation, 1, "the group started over");
     assert_ne!(live, zombie, "a new life hands out its own member ids");
+    sync(live.clone(), 1).await;
     assert_eq!(commit(live.clone(), 1, 7).await, 0);
     assert_eq!(
         commit(zombie.clone(), 1, 9).await,
