@@ -205,6 +205,12 @@ async fn confluent_kafka_producer_carries_on_after_its_transaction_timed_out() {
     let bootstrap = cluster.kafka_bootstrap().join(",");
     let report = run_script(&python, "timeout_confluent.py", &bootstrap, &["output"]).await;
     assert_eq!(report["fatal"], false, "{report}");
+    // Its record sent after the stall was refused by the leader as timed out, not fenced.
+    assert_eq!(
+        report["delivery_errors"],
+        serde_json::json!(["INVALID_PRODUCER_ID_MAPPING"]),
+        "{report}"
+    );
     assert_eq!(report["txn_requires_abort"], true, "{report}");
     assert_eq!(report["committed_after"], 3, "{report}");
     assert_eq!(report["timed_out_visible"], 0, "{report}");

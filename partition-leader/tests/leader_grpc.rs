@@ -72,10 +72,13 @@ async fn abort_markers_fence_the_old_epoch_at_the_leader_even_where_nothing_was_
     assert_eq!(code(r.error_code), ErrorCode::InvalidProducerEpoch);
     let r = produce(&mut l1, 1, batch(10, 0, 0, &["zombie"], None)).await;
     assert_eq!(code(r.error_code), ErrorCode::InvalidProducerEpoch);
+    // Rejected by the leader's own epoch check: the coordinator (which would say yes) is asked
+    // afterwards only why, for each transactional zombie batch, to tell a timed-out producer
+    // apart (its answer cannot let a batch in).
     assert_eq!(
         *c.coordinator.verify_calls.lock().unwrap(),
-        1,
-        "rejected before verification"
+        3,
+        "one verification, then one question per refused transactional batch"
     );
 
     // Nothing of the old transaction is visible to read_committed; read_uncommitted sees it.

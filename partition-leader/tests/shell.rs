@@ -304,6 +304,54 @@ async fn a_verification_held_up_past_the_producer_expiry_is_asked_again() {
     assert_eq!(verifier.calls.load(Ordering::SeqCst), 3);
 }
 
+/// A transactional batch below the partition's epoch: the coordinator says why. A producer
+/// whose transaction the timeout aborted (its markers carry the bumped epoch) is told
+/// TRANSACTION_TIMED_OUT, abortable, as the coordinator tells it; a fenced one
+/// INVALID_PRODUCER_EPOCH. Nothing is appended either way.
+#[tokio::test]
+async fn a_producer_below_the_epoch_is_told_whether_it_timed_out_or_was_fenced() {
+    let h = harness();
+    let r = produce(&h, batch(1, 0, 0, &["a"], true)).await;
+    assert_eq!(code(r.error_code), ErrorCode::None);
+    // The timeout scan's ABORT markers, at the bumped epoch.
+    assert_eq!(
+        markers(&h, 1, 1, false, &[("t", 0)]).await,
+        vec![ErrorCode::None]
+    );
+    let hw = fetch(&h, 0, false, 1000, 0).await.high_watermark;
+    let calls = h.verifier.calls.load(Ordering::SeqCst);
+    *h.verifier.answer.lock().unwrap() = Err(ErrorCode::TransactionTimedOut);
+    let r = produce(&h, batch(1, 0, 1, &["late"], true)).await;
+    assert_eq!(
+        code(r.error_code),
+        ErrorCode::TransactionTimedOut,
+        "{}",
+        r.error_message
+    );
+    assert_eq!(
+        h.verifier.calls.load(Ordering::SeqCst),
+        calls + 1,
+        "asked once"
+    );
+    *h.verifier.answer.lock().unwrap() = Err(ErrorCode::InvalidProducerEpoch);
+    let r = produce(&h, batch(1, 0, 1, &["late"], true)).await;
+    assert_eq!(code(r.error_code), ErrorCode::InvalidProducerEpoch);
+    // A coordinator that cannot be asked leaves the leader's own answer.
+    *h.verifier.answer.lock().unwrap() = Err(ErrorCode::CoordinatorNotAvailable);
+    let r = produce(&h, batch(1, 0, 1, &["late"], true)).await;
+    assert_eq!(code(r.error_code), ErrorCode::InvalidProducerEpoch);
+    // An idempotent batch below the epoch is not asked about.
+    let calls = h.verifier.calls.load(Ordering::SeqCst);
+    let r = produce(&h, batch(1, 0, 1, &["plain"], false)).await;
+    assert_eq!(code(r.error_code), ErrorCode::InvalidProducerEpoch);
+    assert_eq!(h.verifier.calls.load(Ordering::SeqCst), calls);
+    assert_eq!(
+        fetch(&h, 0, false, 1000, 0).await.high_watermark,
+        hw,
+        "nothing appended"
+    );
+}
+
 #[tokio::test]
 async fn read_committed_filters_and_read_uncommitted_does_not() {
     let h = harness();

@@ -63,7 +63,8 @@
 //!   markers to write.
 //! - Complete* clears partitions, groups and the start time (Kafka).
 //! - VerifyTransaction: unknown id / PID -> INVALID_PRODUCER_ID_MAPPING, other epoch ->
-//!   INVALID_PRODUCER_EPOCH (what the leader returns to the producer), Prepare* ->
+//!   INVALID_PRODUCER_EPOCH (what the leader returns to the producer), except for the producer
+//!   whose transaction the timeout aborted: TRANSACTION_TIMED_OUT, as it is told here, Prepare* ->
 //!   CONCURRENT_TRANSACTIONS, not Ongoing or partition not added -> INVALID_TXN_STATE.
 //! - Group markers (WriteGroupOffsetMarker, the group coordinator's side): fenced per group the
 //!   way a leader fences WriteTxnMarkers per partition (section 9): epoch below the one last

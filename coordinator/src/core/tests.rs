@@ -923,7 +923,11 @@ fn timeout_fences_with_a_distinct_error() {
         (m.state, m.last_epoch, m.timed_out),
         (TxnState::PrepareAbort, id.epoch, true)
     );
-    // The late producer is told plainly.
+    // The late producer is told plainly, also by its leaders' verification.
+    assert_eq!(
+        verify_transaction(ID, w.meta.as_ref(), id, &tp(0)).map_err(|e| err_name(&e)),
+        Err("TRANSACTION_TIMED_OUT")
+    );
     assert_eq!(code(&w.add(id, &[0])), "TRANSACTION_TIMED_OUT");
     assert_eq!(code(&w.add_group(id, "g")), "TRANSACTION_TIMED_OUT");
     assert_eq!(
@@ -954,6 +958,10 @@ fn newer_instance_after_timeout_still_fences() {
     let newer = w.init(None).reply.unwrap();
     assert_eq!(newer.epoch, id.epoch + 2);
     assert!(!w.meta().timed_out);
+    assert_eq!(
+        verify_transaction(ID, w.meta.as_ref(), id, &tp(0)).map_err(|e| err_name(&e)),
+        Err("INVALID_PRODUCER_EPOCH")
+    );
     assert_eq!(code(&w.add(id, &[0])), "PRODUCER_FENCED");
     assert_eq!(code(&w.end(id, TxnResult::Abort)), "PRODUCER_FENCED");
     assert_eq!(code(&w.init(Some(id))), "PRODUCER_FENCED");

@@ -431,11 +431,12 @@ pub fn verify_transaction(
     caller: ProducerIdAndEpoch,
     partition: &TopicPartition,
 ) -> Result<u64, TxnError> {
+    // Fenced: INVALID_PRODUCER_EPOCH, what a leader answers an old epoch. The producer whose
+    // transaction the timeout aborted is told so (TRANSACTION_TIMED_OUT, abortable), as the
+    // coordinator tells it (section 8), so that its leaders do not call it fenced.
     let meta = match check_producer(id, meta, caller) {
         Ok(meta) => meta,
-        Err(TxnError::ProducerFenced(m) | TxnError::TransactionTimedOut(m)) => {
-            return Err(TxnError::InvalidProducerEpoch(m))
-        }
+        Err(TxnError::ProducerFenced(m)) => return Err(TxnError::InvalidProducerEpoch(m)),
         Err(e) => return Err(e),
     };
     if meta.state.is_prepare() {

@@ -107,7 +107,7 @@ impl LeaderService {
         let mut verified = None;
         let mut verifications = 0;
         loop {
-            let round = self
+            let round = match self
                 .produce_round(
                     &part,
                     &header,
@@ -115,7 +115,17 @@ impl LeaderService {
                     verified,
                     &mut records,
                 )
-                .await?;
+                .await
+            {
+                Err(Error::InvalidProducerEpoch(message))
+                    if header.transactional && !batch.transactional_id.is_empty() =>
+                {
+                    return Err(self
+                        .why_fenced(&batch.transactional_id, &header, &part.tp, message)
+                        .await)
+                }
+                other => other?,
+            };
             match round {
                 Round::Done(response) => return Ok(response),
                 // Asked again only when the answer outlived the producer-state expiry while
@@ -144,6 +154,31 @@ impl LeaderService {
                     });
                 }
             }
+        }
+    }
+
+    /// A transactional batch below its PID's epoch here was fenced by a newer instance, or its
+    /// transaction was aborted by the timeout (whose markers carry the bumped epoch). The
+    /// coordinator knows which: a producer that timed out is told TRANSACTION_TIMED_OUT
+    /// (abortable; it may abort and carry on), as the coordinator itself tells it (PROTOCOL.md
+    /// section 8), not that another instance fenced it. Any other answer, or none, leaves
+    /// INVALID_PRODUCER_EPOCH. Only the refusal's code depends on it: nothing is appended either
+    /// way.
+    async fn why_fenced(
+        &self,
+        transactional_id: &str,
+        header: &BatchHeader,
+        tp: &cluster::TopicPartition,
+        message: String,
+    ) -> Error {
+        let answer = self
+            .inner
+            .verifier
+            .verify(transactional_id, header.producer_id, header.epoch, tp)
+            .await;
+        match answer {
+            Err(timed_out @ Error::TransactionTimedOut(_)) => timed_out,
+            _ => Error::InvalidProducerEpoch(message),
         }
     }
 
