@@ -524,9 +524,10 @@ impl KafkaCoordinator {
         } else {
             r.session_timeout_ms
         };
+        let instance = r.group_instance_id.as_ref().map(|i| i.to_string());
         let request = JoinRequest {
             member_id: r.member_id.to_string(),
-            group_instance_id: r.group_instance_id.as_ref().map(|i| i.to_string()),
+            group_instance_id: instance.clone(),
             client_id: "consumer".into(),
             require_known_member_id: version >= 4,
             session_timeout_ms: r.session_timeout_ms,
@@ -551,7 +552,14 @@ impl KafkaCoordinator {
         let wait =
             Duration::from_millis(rebalance_timeout_ms.max(0) as u64) + Duration::from_secs(5);
         let answer = self
-            .park(&group_id, wait, |g| g.join_result(&member_id))
+            .park(&group_id, wait, |g| {
+                // Replaced while parked (KIP-345): fenced, so that the old instance does not
+                // rejoin as new and replace its replacement in turn.
+                if let Err(fenced) = g.fence_instance(&member_id, instance.as_deref()) {
+                    return Some(Err(fenced));
+                }
+                g.join_result(&member_id)
+            })
             .await;
         match answer {
             None => response.error_code = ResponseError::RebalanceInProgress.code(),
@@ -616,6 +624,9 @@ impl KafkaCoordinator {
         };
         let answer = self
             .park(&group_id, Duration::from_secs(60), |g| {
+                if let Err(fenced) = g.fence_instance(&member_id, instance.as_deref()) {
+                    return Some(Err(fenced));
+                }
                 g.sync_result(&member_id, generation)
             })
             .await;

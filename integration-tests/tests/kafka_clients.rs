@@ -241,6 +241,94 @@ async fn confluent_kafka_static_member_is_replaced_and_the_old_instance_fenced()
     cluster.shutdown().await.unwrap();
 }
 
+/// KIP-345 over the raw protocol: a static member replaced while its JoinGroup is parked gets
+/// FENCED_INSTANCE_ID there, not UNKNOWN_MEMBER_ID (which would make it rejoin as new and
+/// replace its replacement in turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_static_member_replaced_while_its_join_is_parked_is_fenced() {
+    use kafka_protocol::messages::*;
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        group_initial_rebalance_delay: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await;
+    let group = "static-parked";
+    let coordinator = cluster
+        .kafka_address(cluster.coordinator_for(group))
+        .unwrap();
+    let join = |member: &str, instance: Option<&str>| {
+        let RequestKind::JoinGroup(mut j) = join_group(group, member) else {
+            unreachable!()
+        };
+        j.group_instance_id = instance.map(str_bytes);
+        async move {
+            let ResponseKind::JoinGroup(r) =
+                kafka_call(coordinator, ApiKey::JoinGroup, 5, RequestKind::JoinGroup(j)).await
+            else {
+                panic!("JoinGroup response")
+            };
+            (r.error_code, r.member_id.to_string(), r.generation_id)
+        }
+    };
+    let sync = |member: String, generation: i32, assign: Vec<String>| async move {
+        let mut r = SyncGroupRequest::default();
+        r.group_id = GroupId(str_bytes(group));
+        r.member_id = str_bytes(&member);
+        r.generation_id = generation;
+        r.assignments = assign
+            .iter()
+            .map(|m| {
+                let mut a = sync_group_request::SyncGroupRequestAssignment::default();
+                a.member_id = str_bytes(m);
+                a
+            })
+            .collect();
+        let ResponseKind::SyncGroup(r) =
+            kafka_call(coordinator, ApiKey::SyncGroup, 3, RequestKind::SyncGroup(r)).await
+        else {
+            panic!("SyncGroup response")
+        };
+        r.error_code
+    };
+    // A (static, "i-1") and C (dynamic) form a generation and sync: the group is Stable.
+    let (code, a, _) = join("", Some("i-1")).await;
+    assert_eq!(code, 0, "a static member gets its id at once");
+    let (code, c, _) = join("", None).await;
+    assert_eq!(code, 79, "MEMBER_ID_REQUIRED");
+    // C's JoinGroup starts a round, then A rejoins it.
+    let c_join = tokio::spawn(join(&c, None));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let a_join = join(&a, Some("i-1")).await;
+    let c_join = c_join.await.unwrap();
+    assert_eq!((a_join.0, c_join.0), (0, 0));
+    assert_eq!(a_join.2, c_join.2);
+    let generation = a_join.2;
+    let both = vec![a.clone(), c.clone()];
+    let (sa, sc) = tokio::join!(
+        sync(a.clone(), generation, both.clone()),
+        sync(c.clone(), generation, both)
+    );
+    assert_eq!((sa, sc), (0, 0));
+    // A rejoins and waits for C, which does not come.
+    let parked = tokio::spawn(join(&a, Some("i-1")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!parked.is_finished(), "A's JoinGroup waits for C");
+    // B, a new process with A's instance id, replaces A.
+    let b = tokio::spawn(join("", Some("i-1")));
+    let (code, _, _) = parked.await.unwrap();
+    assert_eq!(
+        code, 82,
+        "FENCED_INSTANCE_ID for the replaced member's parked JoinGroup"
+    );
+    // C rejoins; the round completes with B and C.
+    let (c_again, b) = tokio::join!(join(&c, None), b);
+    let b = b.unwrap();
+    assert_eq!((b.0, c_again.0), (0, 0));
+    assert!(b.2 > generation);
+    assert_ne!(b.1, a);
+    cluster.shutdown().await.unwrap();
+}
+
 /// The sum of a metric's samples over every node of the cluster.
 fn metric_sum(cluster: &minibroker::EmbeddedCluster, name: &str, labels: &[(&str, &str)]) -> f64 {
     cluster
