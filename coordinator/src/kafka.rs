@@ -323,7 +323,7 @@ fn fenced_as_known(code: i16, version: i16, since: i16) -> i16 {
 
 /// [`face_code`] of a raw `error_code` field (an unknown value is UNKNOWN_SERVER_ERROR).
 fn face_code_of(raw: i32) -> i16 {
-    face_code(proto::ErrorCode::try_from(raw).unwrap_or(proto::ErrorCode::UnknownServerError))
+    face_code(codes::error_code_of(raw))
 }
 
 /// The Kafka code of a coordinator error.

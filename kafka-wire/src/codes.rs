@@ -51,7 +51,12 @@ pub fn kafka_code(code: ErrorCode) -> i16 {
 /// [`kafka_code`] of a raw `error_code` field from a gRPC response (an unknown value is
 /// UNKNOWN_SERVER_ERROR).
 pub fn kafka_code_of(raw: i32) -> i16 {
-    kafka_code(ErrorCode::try_from(raw).unwrap_or(ErrorCode::UnknownServerError))
+    kafka_code(error_code_of(raw))
+}
+
+/// The mini-broker code of a raw `error_code` field (an unknown value is UNKNOWN_SERVER_ERROR).
+pub fn error_code_of(raw: i32) -> ErrorCode {
+    ErrorCode::try_from(raw).unwrap_or(ErrorCode::UnknownServerError)
 }
 
 /// A Kafka error code by name, for the errors only the Kafka face produces.

@@ -615,7 +615,6 @@ struct SizeBudget {
     left: usize,
     /// The last admitted entry: its offset and its batch key.
     last: Option<(i64, Option<BatchKey>)>,
-    admitted: usize,
 }
 
 impl SizeBudget {
@@ -623,7 +622,6 @@ impl SizeBudget {
         Self {
             left: limit,
             last: None,
-            admitted: 0,
         }
     }
 
@@ -635,12 +633,11 @@ impl SizeBudget {
                 .last
                 .is_some_and(|(last, last_key)| last_key == key && last + 1 == offset);
         let size = record_size_bound(entry) + if joins { 0 } else { BATCH_HEADER_BYTES };
-        if self.admitted > 0 && size > self.left {
+        if self.last.is_some() && size > self.left {
             return false;
         }
         self.left = self.left.saturating_sub(size);
         self.last = Some((offset, key));
-        self.admitted += 1;
         true
     }
 }

@@ -57,10 +57,13 @@ fn config() -> LeaderConfig {
 }
 
 fn harness_over(storage: Arc<MemoryStorage>) -> Harness {
+    harness_with(storage, config())
+}
+
+fn harness_with(storage: Arc<MemoryStorage>, config: LeaderConfig) -> Harness {
     let verifier = Arc::new(FakeVerifier::default());
     let (stop, stop_rx) = watch::channel(false);
-    let service =
-        LeaderService::open(&config(), storage.clone(), verifier.clone(), stop_rx).unwrap();
+    let service = LeaderService::open(&config, storage.clone(), verifier.clone(), stop_rx).unwrap();
     Harness {
         service,
         verifier,
@@ -240,6 +243,8 @@ async fn state_is_checked_again_after_verification() {
         markers(&h, 1, 1, false, &[("t", 0)]).await,
         vec![ErrorCode::None]
     );
+    // Release the held verification; later ones (the leader asking why it refused) go through.
+    *h.verifier.gate.lock().unwrap() = None;
     gate.add_permits(1);
     let r = pending.await.unwrap();
     assert_eq!(code(r.error_code), ErrorCode::InvalidProducerEpoch);
@@ -251,17 +256,10 @@ async fn state_is_checked_again_after_verification() {
 /// may open a transaction.
 #[tokio::test]
 async fn a_verification_held_up_past_the_producer_expiry_is_asked_again() {
-    let verifier = Arc::new(FakeVerifier::default());
-    let (_stop, stop_rx) = watch::channel(false);
     let mut config = config();
     config.producer_id_expiration = Duration::from_millis(300);
-    let service = LeaderService::open(
-        &config,
-        Arc::new(MemoryStorage::new()),
-        verifier.clone(),
-        stop_rx,
-    )
-    .unwrap();
+    let h = harness_with(Arc::new(MemoryStorage::new()), config);
+    let (service, verifier) = (h.service.clone(), h.verifier.clone());
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     *verifier.gate.lock().unwrap() = Some(gate.clone());
     let pending = {
@@ -302,6 +300,56 @@ async fn a_verification_held_up_past_the_producer_expiry_is_asked_again() {
         .into_inner();
     assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
     assert_eq!(verifier.calls.load(Ordering::SeqCst), 3);
+}
+
+/// Answers that keep going stale (each one slower than the producer-state expiry) are asked for
+/// a bounded number of times; then the batch is refused, and nothing is appended.
+#[tokio::test]
+async fn verifications_that_keep_going_stale_are_given_up_after_three() {
+    let mut config = config();
+    config.producer_id_expiration = Duration::from_millis(20);
+    let h = harness_with(Arc::new(MemoryStorage::new()), config);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    *h.verifier.gate.lock().unwrap() = Some(gate.clone());
+    let pending = {
+        let service = h.service.clone();
+        tokio::spawn(async move {
+            service
+                .produce(Request::new(ProduceRequest {
+                    topic: "t".into(),
+                    partition: 0,
+                    batch: Some(batch(1, 0, 0, &["slow"], true)),
+                }))
+                .await
+                .unwrap()
+                .into_inner()
+        })
+    };
+    for asked in 1..=3 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while h.verifier.calls.load(Ordering::SeqCst) < asked {
+            assert!(
+                Instant::now() < deadline,
+                "verification {asked} never started"
+            );
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        gate.add_permits(1);
+    }
+    let r = pending.await.unwrap();
+    assert_eq!(
+        code(r.error_code),
+        ErrorCode::UnknownServerError,
+        "{}",
+        r.error_message
+    );
+    assert_eq!(h.verifier.calls.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        fetch(&h, 0, false, 1000, 0).await.high_watermark,
+        0,
+        "nothing appended"
+    );
 }
 
 /// A transactional batch below the partition's epoch: the coordinator says why. A producer

@@ -867,6 +867,15 @@ fn a_forgotten_producer_is_still_fenced_or_starts_afresh() {
     assert_eq!(s.producer(1).unwrap().last_sequence(), Some(0));
 }
 
+/// A version-1 marker of PID 1 at epoch 3 ending transaction `number`.
+fn v1_marker(commit: bool, number: u64) -> Marker {
+    Marker {
+        transaction_version: 1,
+        transaction_number: number,
+        ..marker(1, 3, commit, 1)
+    }
+}
+
 /// Runs a transactional Produce whose verification answers transaction `number`.
 fn produce_verified(s: &mut PartitionState, h: &BatchHeader, number: u64) {
     let verified = Verified {
@@ -890,11 +899,6 @@ fn produce_verified(s: &mut PartitionState, h: &BatchHeader, number: u64) {
 /// transaction here refused as CONCURRENT_TRANSACTIONS). It is refused instead.
 #[test]
 fn a_v1_batch_verified_before_its_transactions_marker_is_refused_after_it() {
-    let v1 = |commit, number| Marker {
-        transaction_version: 1,
-        transaction_number: number,
-        ..marker(1, 3, commit, 1)
-    };
     let verified = |number| {
         Some(Verified {
             transaction_number: number,
@@ -904,7 +908,7 @@ fn a_v1_batch_verified_before_its_transactions_marker_is_refused_after_it() {
     let mut s = PartitionState::new(false);
     // Transaction 4 writes here and commits.
     produce_verified(&mut s, &header(1, 3, 0, 2, true), 4);
-    write_marker(&mut s, &v1(true, 4)).unwrap();
+    write_marker(&mut s, &v1_marker(true, 4)).unwrap();
     assert_eq!(s.producer(1).unwrap().ended_number, Some(4));
     // A second batch of transaction 4, verified before the marker, arrives after it.
     let late = header(1, 3, 2, 1, true);
@@ -912,7 +916,7 @@ fn a_v1_batch_verified_before_its_transactions_marker_is_refused_after_it() {
     assert_eq!(err.code(), proto::ErrorCode::InvalidTxnState, "{err}");
     // Transaction 5's marker reaches this partition before any of its data (its data was
     // verified, then held up): nothing is open, the number is remembered, durably.
-    let plan = write_marker(&mut s, &v1(false, 5)).unwrap();
+    let plan = write_marker(&mut s, &v1_marker(false, 5)).unwrap();
     assert!(plan.control.is_none(), "nothing was open here");
     assert_eq!(
         plan.producer.as_ref().map(|(_, p)| p.ended_number),
@@ -923,14 +927,14 @@ fn a_v1_batch_verified_before_its_transactions_marker_is_refused_after_it() {
     assert_eq!(err.code(), proto::ErrorCode::InvalidTxnState, "{err}");
     assert_eq!(s.last_stable_offset(), s.high_watermark(), "nothing hangs");
     // The same marker again changes nothing more.
-    assert!(write_marker(&mut s, &v1(false, 5))
+    assert!(write_marker(&mut s, &v1_marker(false, 5))
         .unwrap()
         .producer
         .is_none());
     // Transaction 6 opens and is closed by its marker as usual; a batch with no number
     // (a verification that did not say) is appended as before numbers existed.
     produce_verified(&mut s, &late, 6);
-    assert!(write_marker(&mut s, &v1(true, 6))
+    assert!(write_marker(&mut s, &v1_marker(true, 6))
         .unwrap()
         .control
         .is_some());
@@ -944,11 +948,6 @@ fn a_v1_batch_verified_before_its_transactions_marker_is_refused_after_it() {
 #[test]
 fn a_verification_older_than_the_producer_expiry_is_asked_again() {
     const EXPIRY: i64 = 86_400_000;
-    let v1 = |commit, number| Marker {
-        transaction_version: 1,
-        transaction_number: number,
-        ..marker(1, 3, commit, 1)
-    };
     let asked_at = |ms: i64, number| {
         Some(Verified {
             transaction_number: number,
@@ -959,7 +958,7 @@ fn a_verification_older_than_the_producer_expiry_is_asked_again() {
     produce_verified(&mut s, &header(1, 3, 0, 2, true), 4);
     // The next batch of transaction 4 is verified at 5 ms, then held up; the marker ends
     // transaction 4 at 20 ms.
-    write_marker(&mut s, &v1(true, 4)).unwrap();
+    write_marker(&mut s, &v1_marker(true, 4)).unwrap();
     let late = BatchHeader {
         any_first_sequence: true,
         ..header(1, 3, 2, 1, true)
@@ -996,16 +995,11 @@ fn a_verification_older_than_the_producer_expiry_is_asked_again() {
 
 #[test]
 fn a_late_v1_marker_of_an_earlier_transaction_closes_nothing() {
-    let v1 = |commit, number| Marker {
-        transaction_version: 1,
-        transaction_number: number,
-        ..marker(1, 3, commit, 1)
-    };
     let mut s = PartitionState::new(false);
     // Transaction 4 of the id writes and commits; transaction 5 opens at the same epoch.
     produce_verified(&mut s, &header(1, 3, 0, 2, true), 4);
     assert_eq!(s.producer(1).unwrap().txn_number, Some(4));
-    assert!(write_marker(&mut s, &v1(true, 4))
+    assert!(write_marker(&mut s, &v1_marker(true, 4))
         .unwrap()
         .control
         .is_some());
@@ -1016,24 +1010,24 @@ fn a_late_v1_marker_of_an_earlier_transaction_closes_nothing() {
     // Transaction 4's COMMIT again (an attempt delayed in the network): acknowledged, nothing
     // appended, transaction 5 stays open and invisible.
     let lso = s.last_stable_offset();
-    let plan = write_marker(&mut s, &v1(true, 4)).unwrap();
+    let plan = write_marker(&mut s, &v1_marker(true, 4)).unwrap();
     assert!(plan.control.is_none());
     assert_eq!(s.producer(1).unwrap().txn_first_offset, open);
     assert_eq!(s.last_stable_offset(), lso);
     // Transaction 5's own marker closes it.
-    assert!(write_marker(&mut s, &v1(false, 5))
+    assert!(write_marker(&mut s, &v1_marker(false, 5))
         .unwrap()
         .control
         .is_some());
     assert_eq!(s.last_stable_offset(), s.high_watermark());
     // Without both numbers, a version-1 marker at the epoch closes what is open, as before.
     produce_verified(&mut s, &header(1, 3, 3, 1, true), 0);
-    assert!(write_marker(&mut s, &v1(true, 4))
+    assert!(write_marker(&mut s, &v1_marker(true, 4))
         .unwrap()
         .control
         .is_some());
     produce_verified(&mut s, &header(1, 3, 4, 1, true), 7);
-    assert!(write_marker(&mut s, &v1(true, 0))
+    assert!(write_marker(&mut s, &v1_marker(true, 0))
         .unwrap()
         .control
         .is_some());
