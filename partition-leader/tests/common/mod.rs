@@ -187,6 +187,10 @@ pub async fn fetch(
 }
 
 /// WriteTxnMarkers for `partitions` of the test topic; returns the per-partition codes.
+///
+/// A marker signed before the leader's service started (a leader still starting, or just
+/// restarted) is COORDINATOR_LOAD_IN_PROGRESS for every partition; it is signed again and
+/// resent, as the coordinator's marker writer does, for up to 5 s.
 pub async fn markers(
     topology: &Topology,
     c: &mut PartitionLeaderClient<Channel>,
@@ -197,12 +201,24 @@ pub async fn markers(
     partitions: &[i32],
 ) -> Vec<ErrorCode> {
     let partitions: Vec<(&str, i32)> = partitions.iter().map(|p| (TOPIC, *p)).collect();
-    let mut request = requests::markers(pid, epoch, commit, generation, &partitions);
-    testkit::auth::sign_marker(topology, &mut request);
-    c.write_txn_markers(request)
-        .await
-        .map(|r| requests::marker_codes(r.into_inner()))
-        .unwrap()
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut request = requests::markers(pid, epoch, commit, generation, &partitions);
+        testkit::auth::sign_marker(topology, &mut request);
+        let codes = c
+            .write_txn_markers(request)
+            .await
+            .map(|r| requests::marker_codes(r.into_inner()))
+            .unwrap();
+        let starting = !codes.is_empty()
+            && codes
+                .iter()
+                .all(|code| *code == ErrorCode::CoordinatorLoadInProgress);
+        if !starting || tokio::time::Instant::now() >= deadline {
+            return codes;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// DescribeProducers for a partition of the test topic.
