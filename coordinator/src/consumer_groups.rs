@@ -34,8 +34,16 @@
 //! generation 0, and the shell drops idle Empty groups: members rejoin, and a zombie's commit
 //! from the previous life is then UNKNOWN_MEMBER_ID instead of ILLEGAL_GENERATION, fenced all
 //! the same because every life hands out its own member ids,
-//! [`GroupMembership::with_incarnation`]); no static membership beyond the FENCED_INSTANCE_ID
-//! check; no max group size.
+//! [`GroupMembership::with_incarnation`]); no max group size.
+//!
+//! Static membership (KIP-345): a member joining with a `group.instance.id` that another member
+//! holds replaces it, and the old member id is FENCED_INSTANCE_ID from then on. In a Stable
+//! group whose protocol the newcomer does not change it takes the old member's place and
+//! assignment without a rebalance (a restarted static consumer keeps its partitions and nobody
+//! else stops); otherwise the group rebalances. Differences from Kafka: a static member that
+//! has not rejoined by a round's deadline is removed like a dynamic one (Kafka keeps it until
+//! its session expires), and JoinGroup v9's SkipAssignment is not used (a replaced leader's
+//! successor is answered as a follower, as Kafka answers clients before v9).
 //!
 //! [`tick`]: GroupMembership::tick
 
@@ -320,9 +328,19 @@ impl GroupMembership {
             }
         }
         self.pending.remove(&member_id);
+        if let (Some(old), GroupState::Stable) = (&replaced, self.state) {
+            if self.protocol_after_replacing(old, &request.protocols) == self.protocol {
+                self.replace_in_place(old, &member_id, request, now_ms);
+                return Ok(member_id);
+            }
+        }
         if let Some(instance) = &request.group_instance_id {
             if let Some(old) = replaced {
                 self.members.remove(&old);
+                // The instance keeps its place: leading, if it led.
+                if self.leader.as_deref() == Some(old.as_str()) {
+                    self.leader = Some(member_id.clone());
+                }
             }
             self.static_members
                 .insert(instance.clone(), member_id.clone());
@@ -350,6 +368,71 @@ impl GroupMembership {
         self.prepare_rebalance(now_ms);
         self.try_complete_join(now_ms);
         Ok(member_id)
+    }
+
+    /// The protocol the group would choose if the member `old` had `protocols` instead of its
+    /// own (the rule of a completed round: the leader's first protocol every member supports).
+    fn protocol_after_replacing(
+        &self,
+        old: &str,
+        protocols: &[(String, Vec<u8>)],
+    ) -> Option<String> {
+        let protocols_of = |id: &str| {
+            if id == old {
+                protocols
+            } else {
+                self.members.get(id).map_or(&[][..], |m| &m.protocols[..])
+            }
+        };
+        let leader = self.leader.as_deref()?;
+        protocols_of(leader)
+            .iter()
+            .map(|(name, _)| name)
+            .find(|name| {
+                self.members
+                    .keys()
+                    .all(|id| protocols_of(id).iter().any(|(n, _)| n == *name))
+            })
+            .cloned()
+    }
+
+    /// KIP-345: a new instance of a static member joins a Stable group whose protocol it does
+    /// not change. It takes the old member's place as it is, assignment included, with no
+    /// rebalance (a restarted static consumer keeps its partitions, and nobody else stops):
+    /// the generation stays, and so does the leader, under its new id if the old member led.
+    /// Its JoinGroup is answered at once with the current generation and, as Kafka does for
+    /// clients that cannot skip the assignment (JoinGroup below v9), with the leader id from
+    /// before the replacement and no member list, so the new instance acts as a follower and
+    /// gets its assignment from SyncGroup. The old member id is fenced from now on
+    /// ([`Self::fence_instance`]) and, without its instance id, unknown.
+    fn replace_in_place(&mut self, old: &str, member_id: &str, request: JoinRequest, now_ms: i64) {
+        let Some(mut member) = self.members.remove(old) else {
+            return;
+        };
+        let leader_before = self.leader.clone().unwrap_or_default();
+        if self.leader.as_deref() == Some(old) {
+            self.leader = Some(member_id.to_string());
+        }
+        member.session_timeout_ms = request.session_timeout_ms;
+        if request.rebalance_timeout_ms > 0 {
+            member.rebalance_timeout_ms = request.rebalance_timeout_ms;
+        }
+        member.protocols = request.protocols;
+        member.last_seen_ms = now_ms;
+        member.awaiting_join = false;
+        member.awaiting_sync = false;
+        member.join_result = Some(JoinResult {
+            generation: self.generation,
+            protocol: self.protocol.clone().unwrap_or_default(),
+            protocol_type: self.protocol_type.clone().unwrap_or_default(),
+            leader: leader_before,
+            member_id: member_id.to_string(),
+            members: Vec::new(),
+        });
+        self.members.insert(member_id.to_string(), member);
+        if let Some(instance) = request.group_instance_id {
+            self.static_members.insert(instance, member_id.to_string());
+        }
     }
 
     /// Starts a rebalance round (if one is not already running); a round from Empty waits
@@ -978,12 +1061,27 @@ mod tests {
         g.sync(&old, 1, vec![(old.clone(), b"all".to_vec())], 1)
             .unwrap();
         assert_eq!(g.static_member("i-1"), Some(old.as_str()));
-        // The replacement: a member id at once (no MEMBER_ID_REQUIRED for a static member).
+        // The replacement: a member id at once (no MEMBER_ID_REQUIRED for a static member),
+        // and the old member's place in the Stable group without a rebalance: the same
+        // generation, answered as a follower (the leader id from before), and its assignment
+        // from SyncGroup.
         let new = g.join(static_join(""), 10).unwrap();
         assert_ne!(new, old);
         assert_eq!(g.member_ids(), vec![new.clone()], "the old member is gone");
         assert_eq!(g.static_member("i-1"), Some(new.as_str()));
-        assert_eq!(g.join_result(&new).unwrap().unwrap().generation, 2);
+        assert_eq!(g.state(), GroupState::Stable);
+        let joined = g.join_result(&new).unwrap().unwrap();
+        assert_eq!(
+            (
+                joined.generation,
+                joined.leader.as_str(),
+                joined.members.len()
+            ),
+            (1, old.as_str(), 0)
+        );
+        assert_eq!(g.leader(), Some(new.as_str()), "it leads the next round");
+        g.sync(&new, 1, Vec::new(), 10).unwrap();
+        assert_eq!(g.sync_result(&new, 1), Some(Ok(b"all".to_vec())));
         let fenced = GroupError::FencedInstanceId(old.clone());
         assert_eq!(g.join(static_join(&old), 11), Err(fenced.clone()));
         assert_eq!(g.fence_instance(&old, Some("i-1")), Err(fenced.clone()));
@@ -991,17 +1089,130 @@ mod tests {
             g.check_commit(&old, 1, Some("i-1"), Txn),
             Err(fenced.clone())
         );
-        assert_eq!(g.check_commit(&old, 2, Some("i-1"), Plain), Err(fenced));
-        // Without the instance id the old member is simply unknown.
+        assert_eq!(g.check_commit(&old, 1, Some("i-1"), Plain), Err(fenced));
+        // Without the instance id the old member is simply unknown, though its generation is
+        // still the group's.
         assert_eq!(
-            g.check_commit(&old, 2, None, Txn),
+            g.check_commit(&old, 1, None, Txn),
             Err(GroupError::UnknownMemberId(old.clone()))
         );
-        assert_eq!(g.check_commit(&new, 2, Some("i-1"), Txn), Ok(()));
+        assert_eq!(g.check_commit(&new, 1, Some("i-1"), Txn), Ok(()));
         // The instance leaves: the id is free again and the group idle.
         g.leave(&new, 20).unwrap();
         assert_eq!(g.static_member("i-1"), None);
         assert!(g.is_idle());
+    }
+
+    fn static_join(member: &str, instance: &str, protocols: &[&str]) -> JoinRequest {
+        let mut request = join(member, protocols);
+        request.group_instance_id = Some(instance.into());
+        request.require_known_member_id = true;
+        request
+    }
+
+    /// A Stable group at generation 1 of two static members, "i-a" (the leader, assigned "0")
+    /// and "i-b" (assigned "1"), both preferring `protocols`: (group, a, b).
+    fn stable_static_pair(protocols: &[&str]) -> (GroupMembership, String, String) {
+        let mut g = GroupMembership::with_initial_delay("g", 5);
+        let a = g.join(static_join("", "i-a", protocols), 0).unwrap();
+        let b = g.join(static_join("", "i-b", protocols), 1).unwrap();
+        g.tick(10);
+        let ra = g.join_result(&a).unwrap().unwrap();
+        g.join_result(&b).unwrap().unwrap();
+        assert_eq!((ra.generation, ra.leader.as_str()), (1, a.as_str()));
+        let assignment = vec![(a.clone(), b"0".to_vec()), (b.clone(), b"1".to_vec())];
+        g.sync(&a, 1, assignment, 11).unwrap();
+        assert_eq!(g.state(), GroupState::Stable);
+        (g, a, b)
+    }
+
+    /// KIP-345's point: a static member's restart does not stop the rest of the group. The
+    /// other member's heartbeats go on answering NONE at the same generation, and the new
+    /// instance gets the old one's partitions, with the old one's place in the group.
+    #[test]
+    fn a_restarted_static_member_keeps_its_assignment_without_a_rebalance() {
+        for restarted_leader in [false, true] {
+            let (mut g, a, b) = stable_static_pair(&["range"]);
+            let (old, other, instance, part) = if restarted_leader {
+                (a, b, "i-a", b"0")
+            } else {
+                (b, a, "i-b", b"1")
+            };
+            let new = g.join(static_join("", instance, &["range"]), 100).unwrap();
+            assert_eq!((g.state(), g.generation()), (GroupState::Stable, 1));
+            assert_eq!(
+                g.heartbeat(&other, 1, 101),
+                Ok(()),
+                "the other member goes on"
+            );
+            let joined = g.join_result(&new).unwrap().unwrap();
+            let leader_before = if restarted_leader { &old } else { &other };
+            assert_eq!((joined.generation, &joined.leader), (1, leader_before));
+            assert!(joined.members.is_empty(), "answered as a follower");
+            g.sync(&new, 1, Vec::new(), 102).unwrap();
+            assert_eq!(g.sync_result(&new, 1), Some(Ok(part.to_vec())));
+            let mut members = vec![new.clone(), other.clone()];
+            members.sort();
+            assert_eq!(g.member_ids(), members);
+            let leader_now = if restarted_leader { &new } else { &other };
+            assert_eq!(g.leader(), Some(leader_now.as_str()));
+            // The old instance, back from a stall, is fenced at the generation it knew.
+            assert_eq!(
+                g.check_commit(&old, 1, Some(instance), Txn),
+                Err(GroupError::FencedInstanceId(old.clone()))
+            );
+            assert_eq!(g.check_commit(&new, 1, Some(instance), Txn), Ok(()));
+            // The new instance's session started when it joined.
+            g.heartbeat(&other, 1, 10_050).unwrap();
+            assert_eq!(g.tick(10_050), Vec::<String>::new());
+        }
+    }
+
+    /// Where the assignment cannot stand, a static replacement rebalances: a newcomer whose
+    /// protocols change the group's choice, or a group still waiting for its assignment (the
+    /// leader may be computing one for the old member id). A newcomer whose preferences differ
+    /// but leave the choice as it was keeps the assignment.
+    #[test]
+    fn a_static_replacement_rebalances_where_the_assignment_cannot_stand() {
+        // The follower's new instance prefers roundrobin; the leader's choice is still range.
+        let (mut g, _, _) = stable_static_pair(&["range", "roundrobin"]);
+        let b = g
+            .join(static_join("", "i-b", &["roundrobin", "range"]), 100)
+            .unwrap();
+        assert_eq!((g.state(), g.generation()), (GroupState::Stable, 1));
+        assert_eq!(g.join_result(&b).unwrap().unwrap().protocol, "range");
+        // The leader's new instance prefers roundrobin, which every member supports: the
+        // choice changes, so the group rebalances.
+        let (mut g, _, b) = stable_static_pair(&["range", "roundrobin"]);
+        let a2 = g
+            .join(static_join("", "i-a", &["roundrobin", "range"]), 100)
+            .unwrap();
+        assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
+        assert_eq!(
+            g.heartbeat(&b, 1, 101),
+            Err(GroupError::RebalanceInProgress)
+        );
+        g.join(static_join(&b, "i-b", &["range", "roundrobin"]), 102)
+            .unwrap();
+        let joined = g.join_result(&a2).unwrap().unwrap();
+        assert_eq!(
+            (joined.generation, joined.protocol.as_str()),
+            (2, "roundrobin")
+        );
+        assert_eq!(joined.members.len(), 2, "the new leader assigns");
+        // The follower's new instance supports only roundrobin: refused, nothing changes.
+        let (mut g, _, _) = stable_static_pair(&["range"]);
+        assert!(matches!(
+            g.join(static_join("", "i-b", &["roundrobin"]), 100),
+            Err(GroupError::InconsistentGroupProtocol(_))
+        ));
+        assert_eq!((g.state(), g.generation()), (GroupState::Stable, 1));
+        // CompletingRebalance: the round is redone.
+        let mut g = GroupMembership::new("g");
+        g.join(static_join("", "i-a", &["range"]), 0).unwrap();
+        assert_eq!(g.state(), GroupState::CompletingRebalance);
+        let a2 = g.join(static_join("", "i-a", &["range"]), 10).unwrap();
+        assert_eq!(g.join_result(&a2).unwrap().unwrap().generation, 2);
     }
 
     /// A zombie member of a previous life of the group (before a coordinator restart, or
