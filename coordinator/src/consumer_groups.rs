@@ -5,7 +5,12 @@
 //! How a rebalance goes, as in Kafka's group coordinator:
 //! 1. A JoinGroup (new member, or a member rejoining) moves the group to PreparingRebalance with
 //!    a deadline (the largest rebalance timeout of its members). Every member must rejoin; the
-//!    others learn it from Heartbeat/SyncGroup answering REBALANCE_IN_PROGRESS.
+//!    others learn it from Heartbeat/SyncGroup answering REBALANCE_IN_PROGRESS. A known member
+//!    that rejoins with the very protocols and metadata it joined with is the exception, as in
+//!    Kafka: a follower of a Stable group, or any member while the group awaits the leader's
+//!    assignment (its JoinGroup answer was lost), is answered at once with the current
+//!    generation (the leader with the member list again) and nobody stops. A rejoining leader
+//!    of a Stable group, or a changed subscription, starts a round.
 //! 2. The round completes when every member has rejoined, or at the deadline (members that did
 //!    not rejoin are removed): the generation is bumped, a protocol every member supports is
 //!    chosen (the leader's first such), the leader is kept if it is still a member (else the
@@ -296,6 +301,9 @@ impl GroupMembership {
                 "no protocol type or protocols".into(),
             ));
         }
+        if self.rejoin_unchanged(&member_id, &request, now_ms) {
+            return Ok(member_id);
+        }
         // A static instance that replaces its member: the old member is not one of the others.
         let replaced = request
             .group_instance_id
@@ -504,19 +512,7 @@ impl GroupMembership {
                     .all(|m| m.protocols.iter().any(|(n, _)| n == name))
             })
             .expect("join checked a common protocol");
-        let listing: Vec<(String, Option<String>, Vec<u8>)> = self
-            .members
-            .iter()
-            .map(|(id, m)| {
-                let metadata = m
-                    .protocols
-                    .iter()
-                    .find(|(n, _)| *n == protocol)
-                    .map(|(_, md)| md.clone())
-                    .unwrap_or_default();
-                (id.clone(), m.instance_id.clone(), metadata)
-            })
-            .collect();
+        let listing = self.listing(&protocol);
         let protocol_type = self.protocol_type.clone().unwrap_or_default();
         for (id, m) in self.members.iter_mut() {
             m.awaiting_join = false;
@@ -537,6 +533,68 @@ impl GroupMembership {
         self.protocol = Some(protocol);
         self.leader = Some(leader);
         self.state = GroupState::CompletingRebalance;
+    }
+
+    /// Every member with its instance id and its metadata for `protocol` (the leader's
+    /// JoinGroup answer).
+    fn listing(&self, protocol: &str) -> Vec<(String, Option<String>, Vec<u8>)> {
+        self.members
+            .iter()
+            .map(|(id, m)| {
+                let metadata = m
+                    .protocols
+                    .iter()
+                    .find(|(n, _)| n == protocol)
+                    .map(|(_, md)| md.clone())
+                    .unwrap_or_default();
+                (id.clone(), m.instance_id.clone(), metadata)
+            })
+            .collect()
+    }
+
+    /// A member that joins again with the very protocols and metadata it joined with, as
+    /// Kafka's group coordinator answers it: a follower of a Stable group, or any member of a
+    /// group waiting for its assignment (its JoinGroup answer may have been lost), is answered
+    /// at once with the current generation (the leader with the member list again) and the
+    /// group goes on: no rebalance, which would stop every member. A leader rejoining a
+    /// Stable group, or a member whose metadata changed (a new subscription), rebalances
+    /// (returns false).
+    fn rejoin_unchanged(&mut self, member_id: &str, request: &JoinRequest, now_ms: i64) -> bool {
+        let Some(member) = self.members.get(member_id) else {
+            return false;
+        };
+        if member.protocols != request.protocols
+            || member.instance_id != request.group_instance_id
+            || member.protocols.is_empty()
+        {
+            return false;
+        }
+        let is_leader = self.leader.as_deref() == Some(member_id);
+        match self.state {
+            GroupState::Stable if !is_leader => {}
+            GroupState::CompletingRebalance => {}
+            _ => return false,
+        }
+        let (Some(protocol), Some(leader)) = (self.protocol.clone(), self.leader.clone()) else {
+            return false;
+        };
+        let result = JoinResult {
+            generation: self.generation,
+            members: if is_leader {
+                self.listing(&protocol)
+            } else {
+                Vec::new()
+            },
+            protocol,
+            protocol_type: self.protocol_type.clone().unwrap_or_default(),
+            leader,
+            member_id: member_id.to_string(),
+        };
+        if let Some(m) = self.members.get_mut(member_id) {
+            m.last_seen_ms = now_ms;
+            m.join_result = Some(result);
+        }
+        true
     }
 
     /// The parked JoinGroup of `member_id`: `None` while its round runs; then its answer, once
@@ -1315,10 +1373,12 @@ mod tests {
         assert_eq!(g.tick(10_300), vec![b.clone()], "B expires");
         assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
 
-        // The same when a rebalance, not the leader's sync, ends the parked wait.
+        // The same when a rebalance, not the leader's sync, ends the parked wait (A rejoins
+        // with a new subscription: an unchanged rejoin would be answered without a round).
         let (mut g, a, b) = completing();
         g.sync(&b, 2, vec![], 100).unwrap();
-        g.join(join(&a, &["range"]), 200).unwrap();
+        g.join(join(&a, &["range", "roundrobin"]), 200).unwrap();
+        assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
         g.heartbeat(&a, 2, 9_000).ok();
         assert_eq!(
             g.tick(10_300),
@@ -1334,6 +1394,66 @@ mod tests {
         g.sync_abandoned(&b, 60_100);
         g.heartbeat(&a, 2, 69_000).unwrap();
         assert_eq!(g.tick(70_200), vec![b.clone()]);
+    }
+
+    #[test]
+    fn a_follower_rejoining_unchanged_gets_the_current_generation_without_a_rebalance() {
+        let (mut g, a, b) = stable_pair();
+        assert_eq!(g.join(join(&b, &["roundrobin", "range"]), 100).unwrap(), b);
+        let answer = g.join_result(&b).unwrap().unwrap();
+        assert_eq!(answer.generation, 2);
+        assert_eq!(answer.leader, a);
+        assert!(answer.members.is_empty(), "a follower gets no member list");
+        assert_eq!(g.state(), GroupState::Stable, "nobody else is stopped");
+        assert_eq!(g.heartbeat(&a, 2, 110), Ok(()));
+        g.sync(&b, 2, vec![], 120).unwrap();
+        assert_eq!(
+            g.sync_result(&b, 2).unwrap().unwrap(),
+            b"1",
+            "its assignment"
+        );
+    }
+
+    #[test]
+    fn a_leader_rejoining_or_a_changed_subscription_rebalances() {
+        let (mut g, a, _b) = stable_pair();
+        g.join(join(&a, &["range"]), 100).unwrap();
+        assert!(
+            matches!(g.state(), GroupState::PreparingRebalance { .. }),
+            "the leader rejoins to assign anew (a new topic matched its pattern)"
+        );
+        let (mut g, _a, b) = stable_pair();
+        g.join(join(&b, &["range"]), 100).unwrap();
+        assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
+    }
+
+    #[test]
+    fn a_member_whose_join_answer_was_lost_gets_it_again_while_the_assignment_is_awaited() {
+        let mut g = GroupMembership::new("g");
+        let a = g.join(join("", &["range"]), 0).unwrap();
+        g.join_result(&a).unwrap().unwrap();
+        g.sync(&a, 1, vec![], 0).unwrap();
+        g.sync_result(&a, 1).unwrap().unwrap();
+        let b = g.join(join("", &["range"]), 10).unwrap();
+        g.join(join(&a, &["range"]), 20).unwrap();
+        g.join_result(&a).unwrap().unwrap();
+        g.join_result(&b).unwrap().unwrap();
+        assert_eq!(g.state(), GroupState::CompletingRebalance);
+        // Both answers were lost on the way; both members join again, unchanged.
+        g.join(join(&b, &["range"]), 30).unwrap();
+        let again = g.join_result(&b).unwrap().unwrap();
+        assert_eq!((again.generation, again.members.len()), (2, 0));
+        g.join(join(&a, &["range"]), 40).unwrap();
+        let again = g.join_result(&a).unwrap().unwrap();
+        assert_eq!(again.generation, 2);
+        assert_eq!(
+            again.members.len(),
+            2,
+            "the leader gets the member list again"
+        );
+        assert_eq!(g.state(), GroupState::CompletingRebalance);
+        g.sync(&a, 2, vec![(b.clone(), b"1".to_vec())], 50).unwrap();
+        assert_eq!(g.state(), GroupState::Stable);
     }
 
     #[test]

@@ -902,7 +902,7 @@ async fn a_group_marker_does_not_wait_for_a_commit_of_another_group() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_txn_offset_commit_overtaken_by_a_rebalance_is_fenced_once_pending() {
     use kafka_protocol::messages::{ApiKey, ResponseKind};
-    use testkit::kafka::{call, join_group, offset_fetch_v7, OffsetTxn};
+    use testkit::kafka::{call, join_group, offset_fetch_v7, sync_group_alone, OffsetTxn};
     let storage = Arc::new(TestStorage::default());
     storage.open_gate();
     let (_, kafka, stop, task) = serve_kafka(storage.clone(), "").await;
@@ -924,6 +924,19 @@ async fn a_txn_offset_commit_overtaken_by_a_rebalance_is_fenced_once_pending() {
     .await;
     assert_eq!(code, 79, "MEMBER_ID_REQUIRED");
     assert_eq!(joined(&member).await, (0, member.clone(), 1));
+    // The leader (alone) assigns: Stable. (A rejoin while the group awaits the assignment
+    // would be answered with generation 1 again, as in Kafka.)
+    let ResponseKind::SyncGroup(synced) = call(
+        kafka,
+        ApiKey::SyncGroup,
+        3,
+        sync_group_alone(group, &member, 1),
+    )
+    .await
+    else {
+        panic!("SyncGroup response")
+    };
+    assert_eq!(synced.error_code, 0);
     let t = OffsetTxn::init(kafka, kafka, "race-txn", group).await;
     t.add_offsets().await;
 

@@ -1299,7 +1299,7 @@ async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
     let group_coordinator = t.group_coordinator;
     t.add_offsets().await;
 
-    // A member joins (v5: MEMBER_ID_REQUIRED first) and syncs: generation 1.
+    // A member joins (v5: MEMBER_ID_REQUIRED first) and syncs: generation 1, Stable.
     let join = |member: &str| join_group(group, member);
     let ResponseKind::JoinGroup(first) =
         kafka_call(group_coordinator, ApiKey::JoinGroup, 5, join("")).await
@@ -1315,6 +1315,17 @@ async fn a_txn_offset_commit_from_an_older_generation_is_fenced_by_the_group() {
     };
     assert_eq!((joined.error_code, joined.generation_id), (0, 1));
     assert_eq!(joined.leader.as_str(), member);
+    let ResponseKind::SyncGroup(synced) = kafka_call(
+        group_coordinator,
+        ApiKey::SyncGroup,
+        3,
+        testkit::kafka::sync_group_alone(group, &member, 1),
+    )
+    .await
+    else {
+        panic!("SyncGroup response")
+    };
+    assert_eq!(synced.error_code, 0, "the leader assigned: Stable");
 
     // The current generation commits (at the group's coordinator, forwarded if need be).
     assert_eq!(t.commit_offset(&member, 1, 5).await, 0);

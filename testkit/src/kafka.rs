@@ -217,3 +217,17 @@ pub fn join_group(group: &str, member: &str) -> RequestKind {
     j.protocols = vec![p];
     RequestKind::JoinGroup(j)
 }
+
+/// The SyncGroup of `member` at `generation` in `group` for a group of one: as its leader it
+/// assigns itself (empty assignment bytes), which makes the group Stable.
+pub fn sync_group_alone(group: &str, member: &str, generation: i32) -> RequestKind {
+    use kafka_protocol::messages::*;
+    let mut r = SyncGroupRequest::default();
+    r.group_id = GroupId(str_bytes(group));
+    r.member_id = str_bytes(member);
+    r.generation_id = generation;
+    let mut a = sync_group_request::SyncGroupRequestAssignment::default();
+    a.member_id = str_bytes(member);
+    r.assignments = vec![a];
+    RequestKind::SyncGroup(r)
+}
