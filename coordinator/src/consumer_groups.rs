@@ -11,8 +11,8 @@
 //!    assignment (its JoinGroup answer was lost), is answered at once with the current
 //!    generation (the leader with the member list again) and nobody stops. A rejoining leader
 //!    of a Stable group, or a changed subscription, starts a round.
-//! 2. The round completes when every member has rejoined, or at the deadline (members that did
-//!    not rejoin are removed): the generation is bumped, a protocol every member supports is
+//! 2. The round completes when every member has rejoined, or at the deadline (dynamic members
+//!    that did not rejoin are removed; static ones stay, below): the generation is bumped, a protocol every member supports is
 //!    chosen (the leader's first such), the leader is kept if it is still a member (else the
 //!    first member), and every joiner gets its JoinGroup answer; the leader's carries the member
 //!    list and their metadata. State CompletingRebalance.
@@ -45,10 +45,13 @@
 //! holds replaces it, and the old member id is FENCED_INSTANCE_ID from then on. In a Stable
 //! group whose protocol the newcomer does not change it takes the old member's place and
 //! assignment without a rebalance (a restarted static consumer keeps its partitions and nobody
-//! else stops); otherwise the group rebalances. Differences from Kafka: a static member that
-//! has not rejoined by a round's deadline is removed like a dynamic one (Kafka keeps it until
-//! its session expires), and JoinGroup v9's SkipAssignment is not used (a replaced leader's
-//! successor is answered as a follower, as Kafka answers clients before v9).
+//! else stops); otherwise the group rebalances. A static member that has not rejoined by a
+//! round's deadline keeps its place in the new generation, as in Kafka: the leader assigns it
+//! partitions, and its session decides (it comes back and rejoins without a round, or it
+//! expires and the group rebalances without it); a round in which only such members are left
+//! waits on until one joins or they expire. Difference from Kafka: JoinGroup v9's
+//! SkipAssignment is not used (a replaced leader's successor is answered as a follower, as
+//! Kafka answers clients before v9).
 //!
 //! [`tick`]: GroupMembership::tick
 
@@ -489,7 +492,25 @@ impl GroupMembership {
             return;
         }
         self.initial_until_ms = None;
-        self.members.retain(|_, m| m.awaiting_join);
+        // A dynamic member that has not rejoined is removed. A static one keeps its place, as
+        // in Kafka (KIP-345): it is in the new generation and gets an assignment, and its
+        // session decides whether it comes back (it rejoins without a round) or expires.
+        self.members
+            .retain(|_, m| m.awaiting_join || m.instance_id.is_some());
+        if !self.members.is_empty() && !self.members.values().any(|m| m.awaiting_join) {
+            // Only static members that did not rejoin: nobody could lead the generation. The
+            // round waits on, as Kafka's does, until a member joins or their sessions expire.
+            let timeout = self
+                .members
+                .values()
+                .map(|m| m.rebalance_timeout_ms)
+                .max()
+                .unwrap_or(0);
+            self.state = GroupState::PreparingRebalance {
+                deadline_ms: now_ms + i64::from(timeout),
+            };
+            return;
+        }
         self.generation += 1;
         if self.members.is_empty() {
             self.state = GroupState::Empty;
@@ -498,9 +519,15 @@ impl GroupMembership {
             self.leader = None;
             return;
         }
+        // The leader stays if it rejoined; else the first member that did.
         let leader = match &self.leader {
-            Some(l) if self.members.contains_key(l) => l.clone(),
-            _ => self.members.keys().next().cloned().expect("a member"),
+            Some(l) if self.members.get(l).is_some_and(|m| m.awaiting_join) => l.clone(),
+            _ => self
+                .members
+                .iter()
+                .find(|(_, m)| m.awaiting_join)
+                .map(|(id, _)| id.clone())
+                .expect("a member that joined"),
         };
         let protocol = self.members[&leader]
             .protocols
@@ -515,8 +542,14 @@ impl GroupMembership {
         let listing = self.listing(&protocol);
         let protocol_type = self.protocol_type.clone().unwrap_or_default();
         for (id, m) in self.members.iter_mut() {
-            m.awaiting_join = false;
+            // A static member kept without rejoining has no JoinGroup to answer; its session
+            // starts over with the generation (as Kafka schedules every member's next
+            // heartbeat expiration here).
             m.last_seen_ms = now_ms;
+            if !std::mem::take(&mut m.awaiting_join) {
+                m.join_result = None;
+                continue;
+            }
             m.join_result = Some(JoinResult {
                 generation: self.generation,
                 protocol: protocol.clone(),
@@ -1182,6 +1215,125 @@ mod tests {
         g.sync(&a, 1, assignment, 11).unwrap();
         assert_eq!(g.state(), GroupState::Stable);
         (g, a, b)
+    }
+
+    /// Two static members with sessions longer than the rebalance timeout (as static members
+    /// are configured), Stable at generation 1, and a dynamic member C that starts a round at
+    /// 100: (group, a, b, c).
+    fn static_pair_and_a_newcomer() -> (GroupMembership, String, String, String) {
+        let long = |instance: &str| {
+            let mut request = static_join("", instance, &["range"]);
+            request.session_timeout_ms = 120_000;
+            request
+        };
+        let mut g = GroupMembership::with_initial_delay("g", 5);
+        let a = g.join(long("i-a"), 0).unwrap();
+        let b = g.join(long("i-b"), 1).unwrap();
+        g.tick(10);
+        g.join_result(&a).unwrap().unwrap();
+        g.join_result(&b).unwrap().unwrap();
+        g.sync(
+            &a,
+            1,
+            vec![(a.clone(), b"0".to_vec()), (b.clone(), b"1".to_vec())],
+            11,
+        )
+        .unwrap();
+        let c = g.join(join("", &["range"]), 100).unwrap();
+        assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
+        (g, a, b, c)
+    }
+
+    /// KIP-345, as Kafka: a static member that has not rejoined by the round's deadline (a
+    /// consumer restarting, or stuck in a long poll) keeps its place in the new generation,
+    /// and comes back to its partitions without another round.
+    #[test]
+    fn a_static_member_late_for_a_round_keeps_its_place() {
+        let (mut g, a, b, c) = static_pair_and_a_newcomer();
+        g.join(static_join(&a, "i-a", &["range"]), 200).unwrap();
+        assert_eq!(g.tick(30_101), Vec::<String>::new());
+        assert_eq!(g.member_ids().len(), 3, "B is kept: {:?}", g.member_ids());
+        let ra = g.join_result(&a).unwrap().unwrap();
+        assert_eq!((ra.generation, ra.leader.as_str()), (2, a.as_str()));
+        let listed: Vec<&str> = ra.members.iter().map(|(id, _, _)| id.as_str()).collect();
+        assert!(listed.contains(&b.as_str()), "the leader assigns B too");
+        assert_eq!(g.join_result(&c).unwrap().unwrap().generation, 2);
+        assert_eq!(g.join_result(&b), None, "B has no JoinGroup to answer");
+        let assignment = vec![
+            (a.clone(), b"0".to_vec()),
+            (b.clone(), b"1".to_vec()),
+            (c.clone(), b"2".to_vec()),
+        ];
+        g.sync(&a, 2, assignment, 30_200).unwrap();
+        assert_eq!(g.state(), GroupState::Stable);
+        // B comes back: its old generation is refused, it rejoins and is answered at once.
+        assert_eq!(
+            g.heartbeat(&b, 1, 40_000),
+            Err(GroupError::IllegalGeneration { got: 1, current: 2 })
+        );
+        g.join(static_join(&b, "i-b", &["range"]), 40_010).unwrap();
+        assert_eq!(g.join_result(&b).unwrap().unwrap().generation, 2);
+        assert_eq!(g.state(), GroupState::Stable, "no round for B's return");
+        g.sync(&b, 2, vec![], 40_020).unwrap();
+        assert_eq!(g.sync_result(&b, 2).unwrap().unwrap(), b"1");
+
+        // Had B not come back, its session (120 s from the generation) would have decided.
+        let (mut g, a, b, c) = static_pair_and_a_newcomer();
+        g.join(static_join(&a, "i-a", &["range"]), 200).unwrap();
+        g.tick(30_101);
+        g.sync(&a, 2, vec![], 30_200).unwrap();
+        for now in (35_000..=150_000).step_by(5_000) {
+            g.heartbeat(&a, 2, now).unwrap();
+            g.heartbeat(&c, 2, now).unwrap();
+            assert_eq!(
+                g.tick(now),
+                Vec::<String>::new(),
+                "B's session holds at {now}"
+            );
+        }
+        assert_eq!(g.tick(150_102), vec![b.clone()], "B's session ran out");
+        assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
+        assert_eq!(g.static_member("i-b"), None);
+    }
+
+    /// The leader is the static member that is late: a member that rejoined leads instead.
+    #[test]
+    fn a_late_static_leader_hands_the_lead_to_a_member_that_rejoined() {
+        let (mut g, a, b, c) = static_pair_and_a_newcomer();
+        g.join(static_join(&b, "i-b", &["range"]), 200).unwrap();
+        g.tick(30_101);
+        assert_eq!(g.member_ids().len(), 3);
+        let rb = g.join_result(&b).unwrap().unwrap();
+        let rc = g.join_result(&c).unwrap().unwrap();
+        assert_eq!(rb.leader, rc.leader);
+        assert_ne!(rb.leader, a, "A did not rejoin: it cannot lead");
+        let leader = if rb.leader == b { &rb } else { &rc };
+        assert_eq!(leader.members.len(), 3);
+    }
+
+    /// Nobody but late static members is left (the newcomer left again): no one can lead, so
+    /// the round waits on, until a member joins or the late ones expire.
+    #[test]
+    fn a_round_of_late_static_members_only_waits_for_one_to_join() {
+        let (mut g, a, b, c) = static_pair_and_a_newcomer();
+        g.leave(&c, 200).unwrap();
+        g.tick(30_101);
+        assert_eq!(g.generation(), 1, "no generation without a leader");
+        assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
+        // A rejoins: at the round's next deadline the generation completes with A leading.
+        g.join(static_join(&a, "i-a", &["range"]), 40_000).unwrap();
+        g.tick(60_102);
+        let ra = g.join_result(&a).unwrap().unwrap();
+        assert_eq!((ra.generation, ra.leader.as_str()), (2, a.as_str()));
+        assert_eq!(g.member_ids(), vec![a.clone(), b.clone()]);
+
+        // And if neither comes back, their sessions empty the group.
+        let (mut g, _a, _b, c) = static_pair_and_a_newcomer();
+        g.leave(&c, 200).unwrap();
+        g.tick(30_101);
+        g.tick(60_102);
+        assert_eq!(g.tick(120_100).len(), 2, "both sessions ran out");
+        assert_eq!(g.state(), GroupState::Empty);
     }
 
     /// KIP-345's point: a static member's restart does not stop the rest of the group. The

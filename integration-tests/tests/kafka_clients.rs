@@ -333,6 +333,104 @@ async fn a_static_member_replaced_while_its_join_is_parked_is_fenced() {
     cluster.shutdown().await.unwrap();
 }
 
+/// KIP-345 over the raw protocol: a static member that misses a round (a consumer restarting,
+/// or busy past the rebalance timeout) keeps its place in the new generation, as in Kafka: the
+/// new leader assigns it partitions, and when it comes back it rejoins without another round
+/// and finds its assignment waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_static_member_late_for_a_round_keeps_its_place() {
+    use kafka_protocol::messages::*;
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        group_initial_rebalance_delay: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await;
+    let group = "static-late";
+    let coordinator = cluster
+        .kafka_address(cluster.coordinator_for(group))
+        .unwrap();
+    // Rebalance timeout 2 s, session 30 s: a static member may miss a round and stay.
+    let join = |member: &str, instance: Option<&str>| {
+        let RequestKind::JoinGroup(mut j) = join_group(group, member) else {
+            unreachable!()
+        };
+        j.group_instance_id = instance.map(str_bytes);
+        j.rebalance_timeout_ms = 2_000;
+        async move {
+            let ResponseKind::JoinGroup(r) =
+                kafka_call(coordinator, ApiKey::JoinGroup, 5, RequestKind::JoinGroup(j)).await
+            else {
+                panic!("JoinGroup response")
+            };
+            r
+        }
+    };
+    let sync = |member: String, generation: i32, assign: Vec<(String, &'static str)>| async move {
+        let mut r = SyncGroupRequest::default();
+        r.group_id = GroupId(str_bytes(group));
+        r.member_id = str_bytes(&member);
+        r.generation_id = generation;
+        r.assignments = assign
+            .into_iter()
+            .map(|(m, part)| {
+                let mut a = sync_group_request::SyncGroupRequestAssignment::default();
+                a.member_id = str_bytes(&m);
+                a.assignment = bytes::Bytes::from_static(part.as_bytes());
+                a
+            })
+            .collect();
+        let ResponseKind::SyncGroup(r) =
+            kafka_call(coordinator, ApiKey::SyncGroup, 3, RequestKind::SyncGroup(r)).await
+        else {
+            panic!("SyncGroup response")
+        };
+        (r.error_code, r.assignment.to_vec())
+    };
+    // A (static "i-1") alone: generation 1, Stable.
+    let first = join("", Some("i-1")).await;
+    assert_eq!(first.error_code, 0);
+    let a = first.member_id.to_string();
+    let generation = first.generation_id;
+    assert_eq!(
+        sync(a.clone(), generation, vec![(a.clone(), "all")])
+            .await
+            .0,
+        0
+    );
+    // C (dynamic) joins; A does not rejoin within the 2 s round.
+    let c = join("", None).await.member_id.to_string();
+    let started = std::time::Instant::now();
+    let rc = join(&c, None).await;
+    assert_eq!(rc.error_code, 0);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_500),
+        "waited for A"
+    );
+    assert_eq!(rc.generation_id, generation + 1);
+    assert_eq!(rc.leader.as_str(), c, "A did not rejoin: C leads");
+    let listed: Vec<String> = rc.members.iter().map(|m| m.member_id.to_string()).collect();
+    assert!(listed.contains(&a), "A kept its place: {listed:?}");
+    let assignment = vec![(a.clone(), "pa"), (c.clone(), "pc")];
+    assert_eq!(
+        sync(c.clone(), rc.generation_id, assignment).await,
+        (0, b"pc".to_vec())
+    );
+    // A comes back: answered at once with the current generation, its assignment waiting.
+    let started = std::time::Instant::now();
+    let back = join(&a, Some("i-1")).await;
+    assert_eq!(back.error_code, 0);
+    assert_eq!(
+        back.generation_id, rc.generation_id,
+        "no round for A's return"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(
+        sync(a.clone(), back.generation_id, vec![]).await,
+        (0, b"pa".to_vec())
+    );
+    cluster.shutdown().await.unwrap();
+}
+
 /// The sum of a metric's samples over every node of the cluster.
 fn metric_sum(cluster: &minibroker::EmbeddedCluster, name: &str, labels: &[(&str, &str)]) -> f64 {
     cluster
