@@ -93,6 +93,9 @@ pub const MIN_SESSION_TIMEOUT_MS: i32 = 6_000;
 /// Kafka's `group.max.session.timeout.ms` default.
 pub const MAX_SESSION_TIMEOUT_MS: i32 = 1_800_000;
 
+/// At most this many characters of the client id start a member id.
+pub const MEMBER_ID_PREFIX_LEN: usize = 64;
+
 /// The group's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GroupState {
@@ -109,6 +112,48 @@ pub enum GroupState {
     Stable,
 }
 
+impl GroupState {
+    /// The state's name as Kafka's ListGroups and DescribeGroups spell it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            GroupState::Empty => "Empty",
+            GroupState::PreparingRebalance { .. } => "PreparingRebalance",
+            GroupState::CompletingRebalance => "CompletingRebalance",
+            GroupState::Stable => "Stable",
+        }
+    }
+}
+
+/// A group as DescribeGroups shows it ([`GroupMembership::describe`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupDescription {
+    /// [`GroupState::name`].
+    pub state: &'static str,
+    /// The protocol type ("consumer"), or "" while nobody joined.
+    pub protocol_type: String,
+    /// The chosen protocol, in a Stable group only (else "").
+    pub protocol: String,
+    /// Every member.
+    pub members: Vec<MemberDescription>,
+}
+
+/// One member as DescribeGroups shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberDescription {
+    /// Its member id.
+    pub member_id: String,
+    /// Its group instance id, for a static member.
+    pub instance_id: Option<String>,
+    /// The client id it joined with.
+    pub client_id: String,
+    /// Where it joined from.
+    pub client_host: String,
+    /// Its metadata for the group's protocol (Stable only).
+    pub metadata: Vec<u8>,
+    /// Its assignment (Stable only).
+    pub assignment: Vec<u8>,
+}
+
 /// A JoinGroup as the core sees it.
 #[derive(Clone, Debug)]
 pub struct JoinRequest {
@@ -116,8 +161,10 @@ pub struct JoinRequest {
     pub member_id: String,
     /// Static membership id, if any.
     pub group_instance_id: Option<String>,
-    /// The client id (prefix of new member ids).
+    /// The client id (prefix of new member ids, and shown by DescribeGroups).
     pub client_id: String,
+    /// Where the client connects from, as DescribeGroups shows it (Kafka's `/address`).
+    pub client_host: String,
     /// Whether the client speaks JoinGroup v4+ (a new member must first get its id).
     pub require_known_member_id: bool,
     /// Session timeout.
@@ -150,6 +197,8 @@ pub struct JoinResult {
 #[derive(Clone, Debug)]
 struct Member {
     instance_id: Option<String>,
+    client_id: String,
+    client_host: String,
     session_timeout_ms: i32,
     rebalance_timeout_ms: i32,
     protocols: Vec<(String, Vec<u8>)>,
@@ -261,10 +310,23 @@ impl GroupMembership {
 
     fn new_member_id(&mut self, client_id: &str) -> String {
         self.next_member += 1;
-        let prefix = if client_id.is_empty() {
+        // Kafka's member id starts with the client id; any client id is allowed there, so it
+        // is cut to [`MEMBER_ID_PREFIX_LEN`] characters of a safe set, keeping member ids short.
+        let prefix: String = client_id
+            .chars()
+            .take(MEMBER_ID_PREFIX_LEN)
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let prefix = if prefix.is_empty() {
             "member"
         } else {
-            client_id
+            prefix.as_str()
         };
         if self.incarnation.is_empty() {
             format!("{prefix}-{}", self.next_member)
@@ -366,6 +428,8 @@ impl GroupMembership {
             member_id.clone(),
             Member {
                 instance_id: request.group_instance_id,
+                client_id: request.client_id,
+                client_host: request.client_host,
                 session_timeout_ms: request.session_timeout_ms,
                 rebalance_timeout_ms,
                 protocols: request.protocols,
@@ -429,6 +493,8 @@ impl GroupMembership {
             member.rebalance_timeout_ms = request.rebalance_timeout_ms;
         }
         member.protocols = request.protocols;
+        member.client_id = request.client_id;
+        member.client_host = request.client_host;
         member.last_seen_ms = now_ms;
         member.awaiting_join = false;
         member.awaiting_sync = false;
@@ -628,6 +694,49 @@ impl GroupMembership {
             m.join_result = Some(result);
         }
         true
+    }
+
+    /// What DescribeGroups shows, as Kafka's `GroupMetadata.summary`: the state, the protocol
+    /// type, and every member with its client id and host; a Stable group also names its
+    /// protocol and shows each member's metadata for it and its assignment (in any other
+    /// state there is no settled assignment to show).
+    pub fn describe(&self) -> GroupDescription {
+        let stable = self.state == GroupState::Stable;
+        let protocol = if stable {
+            self.protocol.clone().unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let members = self
+            .members
+            .iter()
+            .map(|(id, m)| MemberDescription {
+                member_id: id.clone(),
+                instance_id: m.instance_id.clone(),
+                client_id: m.client_id.clone(),
+                client_host: m.client_host.clone(),
+                metadata: if stable {
+                    m.protocols
+                        .iter()
+                        .find(|(n, _)| *n == protocol)
+                        .map(|(_, md)| md.clone())
+                        .unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
+                assignment: if stable {
+                    m.assignment.clone()
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect();
+        GroupDescription {
+            state: self.state.name(),
+            protocol_type: self.protocol_type.clone().unwrap_or_default(),
+            protocol,
+            members,
+        }
     }
 
     /// The parked JoinGroup of `member_id`: `None` while its round runs; then its answer, once
@@ -879,6 +988,7 @@ mod tests {
             member_id: id.to_string(),
             group_instance_id: None,
             client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
             require_known_member_id: false,
             session_timeout_ms: 10_000,
             rebalance_timeout_ms: 30_000,
@@ -1546,6 +1656,64 @@ mod tests {
         g.sync_abandoned(&b, 60_100);
         g.heartbeat(&a, 2, 69_000).unwrap();
         assert_eq!(g.tick(70_200), vec![b.clone()]);
+    }
+
+    #[test]
+    fn describe_shows_members_and_a_settled_assignment_only_when_stable() {
+        let g = GroupMembership::new("g");
+        let d = g.describe();
+        assert_eq!((d.state, d.protocol_type.as_str()), ("Empty", ""));
+        assert!(d.members.is_empty());
+
+        let (mut g, a, b) = stable_pair();
+        let d = g.describe();
+        assert_eq!(d.state, "Stable");
+        assert_eq!(
+            (d.protocol_type.as_str(), d.protocol.as_str()),
+            ("consumer", "range")
+        );
+        let shown: Vec<(&str, &[u8], &[u8])> = d
+            .members
+            .iter()
+            .map(|m| (m.member_id.as_str(), &m.metadata[..], &m.assignment[..]))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (a.as_str(), &b"range"[..], &b"0"[..]),
+                (b.as_str(), &b"range"[..], &b"1"[..])
+            ],
+            "each member's metadata for the chosen protocol, and its assignment"
+        );
+        assert!(d
+            .members
+            .iter()
+            .all(|m| m.client_id == "c" && m.client_host == "/127.0.0.1"));
+
+        // A round: members are shown, but no protocol, metadata or assignment.
+        g.join(join(&a, &["range"]), 100).unwrap();
+        let d = g.describe();
+        assert_eq!((d.state, d.protocol.as_str()), ("PreparingRebalance", ""));
+        assert_eq!(d.members.len(), 2);
+        assert!(d
+            .members
+            .iter()
+            .all(|m| m.metadata.is_empty() && m.assignment.is_empty()));
+    }
+
+    #[test]
+    fn member_ids_start_with_a_safe_cut_of_the_client_id() {
+        let mut g = GroupMembership::new("g");
+        let mut request = join("", &["range"]);
+        request.client_id = "my app/1".into();
+        assert_eq!(g.join(request, 0).unwrap(), "my_app_1-1");
+        let mut request = join("", &["range"]);
+        request.client_id = "x".repeat(10_000);
+        let id = g.join(request, 0).unwrap();
+        assert_eq!(id, format!("{}-2", "x".repeat(MEMBER_ID_PREFIX_LEN)));
+        let mut request = join("", &["range"]);
+        request.client_id = String::new();
+        assert_eq!(g.join(request, 0).unwrap(), "member-3");
     }
 
     #[test]

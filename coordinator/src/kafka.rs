@@ -26,6 +26,8 @@
 //! | SyncGroup            | 0-5      | |
 //! | Heartbeat            | 0-4      | |
 //! | LeaveGroup           | 0-4      | v3+: batched members |
+//! | ListGroups           | 0-4      | v4: states filter; v5+ is KIP-848's types filter |
+//! | DescribeGroups       | 0-5      | v6+ adds error messages (KIP-1043) |
 //!
 //! Consumer groups: membership ([`crate::consumer_groups`]) lives in this face, one
 //! [`GroupMembership`] per group behind a lock, in memory. JoinGroup and SyncGroup are parked
@@ -83,14 +85,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
 use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
 use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
 use kafka_protocol::messages::{
-    HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
-    LeaveGroupResponse, OffsetCommitRequest, OffsetCommitResponse, SyncGroupRequest,
+    DescribeGroupsRequest, DescribeGroupsResponse, GroupId, HeartbeatRequest, HeartbeatResponse,
+    JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
+    ListGroupsResponse, OffsetCommitRequest, OffsetCommitResponse, SyncGroupRequest,
     SyncGroupResponse,
 };
 
@@ -149,6 +154,13 @@ impl GroupSlot {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Who sent a JoinGroup: its client id (the header's) and its address, as DescribeGroups
+/// shows them.
+struct Client {
+    id: String,
+    host: String,
 }
 
 /// How often a parked JoinGroup/SyncGroup re-checks its group.
@@ -414,10 +426,28 @@ impl Handler for KafkaCoordinator {
                 ResponseKind::DescribeTransactions(self.describe_transactions(r).await)
             }
             RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(self.offset_commit(r).await),
-            RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(self.join_group(r, version).await),
+            RequestKind::JoinGroup(r) => {
+                let client = Client {
+                    id: request
+                        .header
+                        .client_id
+                        .as_ref()
+                        .map(|c| c.to_string())
+                        .unwrap_or_default(),
+                    host: request
+                        .peer
+                        .map(|p| format!("/{}", p.ip()))
+                        .unwrap_or_default(),
+                };
+                ResponseKind::JoinGroup(self.join_group(r, version, client).await)
+            }
             RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(self.sync_group(r, version).await),
             RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(self.heartbeat(r)),
             RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(self.leave_group(r, version)),
+            RequestKind::ListGroups(r) => ResponseKind::ListGroups(self.list_groups(r, version)),
+            RequestKind::DescribeGroups(r) => {
+                ResponseKind::DescribeGroups(self.describe_groups(r, version).await)
+            }
             _ => {
                 return Err(kafka_wire::Error::Close(format!(
                     "{:?} is not served by a coordinator",
@@ -511,7 +541,12 @@ impl KafkaCoordinator {
         response
     }
 
-    async fn join_group(&self, r: JoinGroupRequest, version: i16) -> JoinGroupResponse {
+    async fn join_group(
+        &self,
+        r: JoinGroupRequest,
+        version: i16,
+        client: Client,
+    ) -> JoinGroupResponse {
         let mut response = JoinGroupResponse::default();
         response.generation_id = -1;
         let group_id = r.group_id.0.to_string();
@@ -528,7 +563,8 @@ impl KafkaCoordinator {
         let request = JoinRequest {
             member_id: r.member_id.to_string(),
             group_instance_id: instance.clone(),
-            client_id: "consumer".into(),
+            client_id: client.id,
+            client_host: client.host,
             require_known_member_id: version >= 4,
             session_timeout_ms: r.session_timeout_ms,
             rebalance_timeout_ms,
@@ -658,6 +694,128 @@ impl KafkaCoordinator {
                 })
                 .map_or_else(|e| group_code(&e), |()| 0),
         };
+        response
+    }
+
+    /// ListGroups: the groups this coordinator holds a membership for (silent members expired
+    /// first), with their protocol type and, from v4, their state; v4's states filter keeps
+    /// the groups in one of the named states (case does not matter, as in Kafka). A group
+    /// with committed offsets and no membership (dropped while idle, or from before a
+    /// restart) is not listed; DescribeGroups shows it Empty.
+    fn list_groups(&self, r: ListGroupsRequest, version: i16) -> ListGroupsResponse {
+        let slots: Vec<(String, Arc<GroupSlot>)> = self
+            .groups()
+            .slots
+            .iter()
+            .map(|(id, slot)| (id.clone(), slot.clone()))
+            .collect();
+        let wanted: Vec<String> = if version >= 4 {
+            r.states_filter
+                .iter()
+                .map(|s| s.to_ascii_lowercase())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let now = cluster::node::now_ms();
+        let mut response = ListGroupsResponse::default();
+        for (group_id, slot) in slots {
+            if self.check_group(&group_id).is_err() {
+                continue;
+            }
+            let (state, protocol_type) = {
+                let mut g = slot.lock();
+                g.tick(now);
+                let d = g.describe();
+                (d.state, d.protocol_type)
+            };
+            slot.changed.notify_waiters();
+            if !wanted.is_empty() && !wanted.contains(&state.to_ascii_lowercase()) {
+                continue;
+            }
+            let mut listed = ListedGroup::default();
+            listed.group_id = GroupId(str_bytes(&group_id));
+            listed.protocol_type = str_bytes(&protocol_type);
+            listed.group_state = str_bytes(state);
+            response.groups.push(listed);
+        }
+        response
+            .groups
+            .sort_by(|a, b| a.group_id.0.cmp(&b.group_id.0));
+        response
+    }
+
+    /// DescribeGroups: each group's state, protocol and members
+    /// ([`GroupMembership::describe`]); NOT_COORDINATOR and COORDINATOR_LOAD_IN_PROGRESS per
+    /// group as for every group request. A group without a membership here is Empty when it
+    /// has committed offsets and Dead otherwise (Kafka's answer for a group it does not know,
+    /// before v6). Authorized operations are not computed (no ACLs): `i32::MIN`, Kafka's
+    /// "not requested".
+    async fn describe_groups(
+        &self,
+        r: DescribeGroupsRequest,
+        version: i16,
+    ) -> DescribeGroupsResponse {
+        let mut response = DescribeGroupsResponse::default();
+        for group in r.groups {
+            let group_id = group.0.to_string();
+            let mut out = DescribedGroup::default();
+            out.group_id = group;
+            out.authorized_operations = i32::MIN;
+            if let Err(code) = self.check_group(&group_id) {
+                out.error_code = code;
+                response.groups.push(out);
+                continue;
+            }
+            let slot = self.groups().slots.get(&group_id).cloned();
+            let description = slot.map(|slot| {
+                let d = {
+                    let mut g = slot.lock();
+                    g.tick(cluster::node::now_ms());
+                    g.describe()
+                };
+                slot.changed.notify_waiters();
+                d
+            });
+            match description {
+                Some(d) => {
+                    out.group_state = str_bytes(d.state);
+                    out.protocol_type = str_bytes(&d.protocol_type);
+                    out.protocol_data = str_bytes(&d.protocol);
+                    out.members = d
+                        .members
+                        .into_iter()
+                        .map(|m| {
+                            let mut member = DescribedGroupMember::default();
+                            member.member_id = str_bytes(&m.member_id);
+                            if version >= 4 {
+                                member.group_instance_id = m.instance_id.as_deref().map(str_bytes);
+                            }
+                            member.client_id = str_bytes(&m.client_id);
+                            member.client_host = str_bytes(&m.client_host);
+                            member.member_metadata = m.metadata.into();
+                            member.member_assignment = m.assignment.into();
+                            member
+                        })
+                        .collect();
+                }
+                None => {
+                    let request = proto::OffsetFetchRequest {
+                        group_id: group_id.clone(),
+                        partitions: Vec::new(),
+                        require_stable: false,
+                    };
+                    match self.service.offset_fetch(request).await {
+                        Ok((offsets, _)) => {
+                            let state = if offsets.is_empty() { "Dead" } else { "Empty" };
+                            out.group_state = str_bytes(state);
+                        }
+                        Err(e) => out.error_code = kafka_error(&e),
+                    }
+                }
+            }
+            response.groups.push(out);
+        }
         response
     }
 
@@ -1121,6 +1279,7 @@ mod tests {
                     member_id: String::new(),
                     group_instance_id: None,
                     client_id: "c".into(),
+                    client_host: String::new(),
                     require_known_member_id: false,
                     session_timeout_ms: 10_000,
                     rebalance_timeout_ms: 10_000,

@@ -245,6 +245,32 @@ async fn confluent_kafka_static_member_is_replaced_and_the_old_instance_fenced()
     cluster.shutdown().await.unwrap();
 }
 
+/// ListGroups and DescribeGroups with librdkafka's AdminClient: a group of a static and a
+/// dynamic consumer is listed Stable (every node asked, leaders answering an empty list) and
+/// described with both members, their client ids, host, instance id and assignments; a group
+/// nobody joined is Dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_admin_lists_and_describes_consumer_groups() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        group_initial_rebalance_delay: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(
+        &python,
+        "groups_admin_confluent.py",
+        &bootstrap,
+        &["input", "3"],
+    )
+    .await;
+    assert_eq!(report["listed"], 1, "{report}");
+    assert_eq!(report["members"], 2, "{report}");
+    assert_eq!(report["owned"], serde_json::json!([0, 1, 2]), "{report}");
+    cluster.shutdown().await.unwrap();
+}
+
 /// KIP-345 over the raw protocol: a static member replaced while its JoinGroup is parked gets
 /// FENCED_INSTANCE_ID there, not UNKNOWN_MEMBER_ID (which would make it rejoin as new and
 /// replace its replacement in turn).

@@ -345,6 +345,23 @@ fn requests(producer: (i64, i16)) -> Vec<(ApiKey, RequestKind)> {
     r.group_id = group();
     r.members = vec![m.clone(), m];
     out.push((ApiKey::LeaveGroup, RequestKind::LeaveGroup(r)));
+    // Every group, and (v4 on) the Stable ones only.
+    out.push((
+        ApiKey::ListGroups,
+        RequestKind::ListGroups(Default::default()),
+    ));
+    let mut r = ListGroupsRequest::default();
+    r.states_filter = vec![s("Stable")];
+    out.push((ApiKey::ListGroups, RequestKind::ListGroups(r)));
+    // A live group and an unknown one; asking for authorized operations from v3 on.
+    let mut r = DescribeGroupsRequest::default();
+    r.groups = vec![group(), GroupId(s("no-such-group"))];
+    out.push((
+        ApiKey::DescribeGroups,
+        RequestKind::DescribeGroups(r.clone()),
+    ));
+    r.include_authorized_operations = true;
+    out.push((ApiKey::DescribeGroups, RequestKind::DescribeGroups(r)));
 
     for (producer, transactional) in [(Some(producer), true), (None, false)] {
         let mut p = produce_request::PartitionProduceData::default();

@@ -67,6 +67,8 @@ pub const COORDINATOR_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::SyncGroup, 0, 5),
     ApiRange::new(ApiKey::Heartbeat, 0, 4),
     ApiRange::new(ApiKey::LeaveGroup, 0, 4),
+    ApiRange::new(ApiKey::ListGroups, 0, 4),
+    ApiRange::new(ApiKey::DescribeGroups, 0, 5),
 ];
 
 /// The APIs one table holds.
@@ -166,6 +168,6 @@ mod tests {
             let valid = api.key.valid_versions();
             assert!(api.min >= valid.min && api.max <= valid.max, "{api:?}");
         }
-        assert_eq!(table.apis().len(), 3 + 5 + 13 - 1);
+        assert_eq!(table.apis().len(), 3 + 5 + 15 - 1);
     }
 }

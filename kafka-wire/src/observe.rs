@@ -136,6 +136,8 @@ pub fn error_codes(response: &ResponseKind) -> Vec<i16> {
             codes.push(r.error_code);
             codes.extend(r.members.iter().map(|m| m.error_code));
         }
+        ResponseKind::ListGroups(r) => codes.push(r.error_code),
+        ResponseKind::DescribeGroups(r) => codes.extend(r.groups.iter().map(|g| g.error_code)),
         _ => {}
     }
     codes

@@ -1,8 +1,8 @@
 //! Answers for the APIs of the other role: what a Kafka broker says when it is not the
 //! partition's leader (NOT_LEADER_OR_FOLLOWER, per partition) or not the key's coordinator
 //! (NOT_COORDINATOR). Clients then refresh their metadata or find the coordinator again.
-//! ListTransactions on a node that coordinates nothing is an empty list, as on a Kafka broker
-//! without transaction state partitions.
+//! ListTransactions and ListGroups on a node that coordinates nothing are empty lists, as on a
+//! Kafka broker without transaction state or group partitions.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::add_partitions_to_txn_response::{
@@ -27,11 +27,12 @@ use kafka_protocol::messages::txn_offset_commit_response::{
     TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
 };
 use kafka_protocol::messages::{
-    AddOffsetsToTxnResponse, AddPartitionsToTxnResponse, DescribeProducersResponse,
-    DescribeTransactionsResponse, EndTxnResponse, FetchResponse, HeartbeatResponse,
-    InitProducerIdResponse, JoinGroupResponse, LeaveGroupResponse, ListOffsetsResponse,
-    ListTransactionsResponse, OffsetCommitResponse, OffsetFetchResponse, ProduceResponse,
-    ProducerId, RequestKind, ResponseKind, SyncGroupResponse, TxnOffsetCommitResponse,
+    AddOffsetsToTxnResponse, AddPartitionsToTxnResponse, DescribeGroupsResponse,
+    DescribeProducersResponse, DescribeTransactionsResponse, EndTxnResponse, FetchResponse,
+    HeartbeatResponse, InitProducerIdResponse, JoinGroupResponse, LeaveGroupResponse,
+    ListGroupsResponse, ListOffsetsResponse, ListTransactionsResponse, OffsetCommitResponse,
+    OffsetFetchResponse, ProduceResponse, ProducerId, RequestKind, ResponseKind, SyncGroupResponse,
+    TxnOffsetCommitResponse,
 };
 
 /// The refusal of `request` (at `version`) by a node of the other role; `None` for a request
@@ -296,6 +297,24 @@ pub fn not_served_here(request: &RequestKind, version: i16) -> Option<ResponseKi
             response.error_code = not_coordinator;
             ResponseKind::LeaveGroup(response)
         }
+        RequestKind::ListGroups(_) => ResponseKind::ListGroups(ListGroupsResponse::default()),
+        RequestKind::DescribeGroups(r) => {
+            let mut response = DescribeGroupsResponse::default();
+            response.groups = r
+                .groups
+                .iter()
+                .map(|g| {
+                    let mut out =
+                        kafka_protocol::messages::describe_groups_response::DescribedGroup::default(
+                        );
+                    out.group_id = g.clone();
+                    out.error_code = not_coordinator;
+                    out.authorized_operations = i32::MIN;
+                    out
+                })
+                .collect();
+            ResponseKind::DescribeGroups(response)
+        }
         _ => return None,
     })
 }
@@ -337,6 +356,12 @@ mod tests {
             ApiKey::SyncGroup => RequestKind::SyncGroup(Default::default()),
             ApiKey::Heartbeat => RequestKind::Heartbeat(Default::default()),
             ApiKey::LeaveGroup => RequestKind::LeaveGroup(Default::default()),
+            ApiKey::ListGroups => RequestKind::ListGroups(Default::default()),
+            ApiKey::DescribeGroups => {
+                let mut r = DescribeGroupsRequest::default();
+                r.groups.push(GroupId(crate::str_bytes("g")));
+                RequestKind::DescribeGroups(r)
+            }
             other => panic!("no sample request for {other:?}"),
         }
     }

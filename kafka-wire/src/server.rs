@@ -41,6 +41,8 @@ pub struct Request {
     pub version: i16,
     /// The decoded body.
     pub body: RequestKind,
+    /// The client's address (DescribeGroups shows it as the member's host).
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 /// What a node answers on its Kafka face beyond ApiVersions, Metadata and FindCoordinator.
@@ -131,7 +133,7 @@ pub async fn serve<H: Handler>(
                 let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
                 connections.spawn(async move {
-                    match connection(stream, &shared).await {
+                    match connection(stream, peer, &shared).await {
                         Ok(()) => debug!(%peer, "kafka connection closed"),
                         Err(e) => info!(%peer, "kafka connection dropped: {e}"),
                     }
@@ -184,12 +186,16 @@ async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
     Ok(Some(frame))
 }
 
-async fn connection<H: Handler>(stream: TcpStream, shared: &Shared<H>) -> Result<()> {
+async fn connection<H: Handler>(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    shared: &Shared<H>,
+) -> Result<()> {
     let (reader, writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
     let mut writer = BufWriter::new(writer);
     while let Some(frame) = read_frame(&mut reader, &shared.config).await? {
-        let Some((version, correlation_id, response)) = answer(shared, frame).await? else {
+        let Some((version, correlation_id, response)) = answer(shared, frame, peer).await? else {
             continue;
         };
         let bytes = encode_response(version, correlation_id, &response)?;
@@ -203,6 +209,7 @@ async fn connection<H: Handler>(stream: TcpStream, shared: &Shared<H>) -> Result
 async fn answer<H: Handler>(
     shared: &Shared<H>,
     mut frame: Bytes,
+    peer: std::net::SocketAddr,
 ) -> Result<Option<(ResponseVersion, i32, ResponseKind)>> {
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
@@ -264,6 +271,7 @@ async fn answer<H: Handler>(
                     api_key,
                     version,
                     body,
+                    peer: Some(peer),
                 })
                 .await?
         }
