@@ -271,6 +271,30 @@ async fn confluent_kafka_admin_lists_and_describes_consumer_groups() {
     cluster.shutdown().await.unwrap();
 }
 
+/// The same with kafka-python's KafkaAdminClient (list_groups, describe_groups).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_python_admin_lists_and_describes_consumer_groups() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        group_initial_rebalance_delay: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(
+        &python,
+        "groups_admin_kafka_python.py",
+        &bootstrap,
+        &["input"],
+    )
+    .await;
+    assert_eq!(report["listed"], 1, "{report}");
+    assert_eq!(report["members"], 1, "{report}");
+    assert_eq!(report["owned"], serde_json::json!([0, 1, 2]), "{report}");
+    assert_eq!(report["protocol"], "range", "{report}");
+    cluster.shutdown().await.unwrap();
+}
+
 /// KIP-345 over the raw protocol: a static member replaced while its JoinGroup is parked gets
 /// FENCED_INSTANCE_ID there, not UNKNOWN_MEMBER_ID (which would make it rejoin as new and
 /// replace its replacement in turn).
