@@ -965,3 +965,67 @@ async fn a_txn_offset_commit_overtaken_by_a_rebalance_is_fenced_once_pending() {
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }
+
+/// DescribeGroups answers every group on its own: an empty or over-long group id is
+/// INVALID_GROUP_ID, a group before the state is loaded COORDINATOR_LOAD_IN_PROGRESS, an unknown
+/// one Dead; describing creates no group (ListGroups stays empty).
+#[tokio::test]
+async fn describe_groups_answers_bad_and_unknown_groups_each_and_creates_none() {
+    use kafka_protocol::messages::{
+        ApiKey, DescribeGroupsRequest, GroupId, ListGroupsRequest, RequestKind, ResponseKind,
+    };
+    use testkit::kafka::call;
+    let storage = Arc::new(TestStorage::default());
+    let (_, kafka, stop, task) = serve_kafka(storage.clone(), "").await;
+    let _gate = OpenGateOnDrop(storage.clone());
+    let describe = || async move {
+        let mut r = DescribeGroupsRequest::default();
+        let long = "x".repeat(cluster::MAX_ID_LEN + 1);
+        r.groups = ["", long.as_str(), "nobody"]
+            .into_iter()
+            .map(|g| GroupId(kafka_wire::str_bytes(g)))
+            .collect();
+        let ResponseKind::DescribeGroups(d) = call(
+            kafka,
+            ApiKey::DescribeGroups,
+            5,
+            RequestKind::DescribeGroups(r),
+        )
+        .await
+        else {
+            panic!("DescribeGroups response")
+        };
+        d.groups
+            .iter()
+            .map(|g| (g.error_code, g.group_state.to_string()))
+            .collect::<Vec<_>>()
+    };
+    let (invalid, loading) = (24, 14);
+    let before = describe().await;
+    assert_eq!(
+        before[..2],
+        [(invalid, String::new()), (invalid, String::new())]
+    );
+    assert_eq!(before[2], (loading, String::new()), "before load");
+
+    storage.open_gate();
+    let after = eventually("the coordinator has loaded", || async {
+        let answer = describe().await;
+        (answer[2].0 != loading).then_some(answer)
+    })
+    .await;
+    assert_eq!(after[2], (0, "Dead".to_string()));
+    let ResponseKind::ListGroups(listed) = call(
+        kafka,
+        ApiKey::ListGroups,
+        4,
+        RequestKind::ListGroups(ListGroupsRequest::default()),
+    )
+    .await
+    else {
+        panic!("ListGroups response")
+    };
+    assert_eq!((listed.error_code, listed.groups.len()), (0, 0));
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
