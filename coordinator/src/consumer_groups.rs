@@ -303,6 +303,11 @@ impl GroupMembership {
         self.members.keys().cloned().collect()
     }
 
+    /// The group's protocol type ("consumer"), or "" while nobody joined.
+    pub fn protocol_type(&self) -> &str {
+        self.protocol_type.as_deref().unwrap_or_default()
+    }
+
     /// The leader's member id, if any.
     pub fn leader(&self) -> Option<&str> {
         self.leader.as_deref()
@@ -512,6 +517,15 @@ impl GroupMembership {
         }
     }
 
+    /// How long a round waits for every member: the largest rebalance timeout among them.
+    fn rebalance_timeout_ms(&self) -> i32 {
+        self.members
+            .values()
+            .map(|m| m.rebalance_timeout_ms)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Starts a rebalance round (if one is not already running); a round from Empty waits
     /// the initial delay, pushed on by every join within it (up to the round's deadline).
     fn prepare_rebalance(&mut self, now_ms: i64) {
@@ -524,13 +538,7 @@ impl GroupMembership {
             return;
         }
         let from_empty = self.state == GroupState::Empty;
-        let timeout = self
-            .members
-            .values()
-            .map(|m| m.rebalance_timeout_ms)
-            .max()
-            .unwrap_or(0);
-        let deadline_ms = now_ms + i64::from(timeout);
+        let deadline_ms = now_ms + i64::from(self.rebalance_timeout_ms());
         self.state = GroupState::PreparingRebalance { deadline_ms };
         self.initial_until_ms = (from_empty && self.initial_delay_ms > 0)
             .then(|| (now_ms + self.initial_delay_ms).min(deadline_ms));
@@ -566,14 +574,8 @@ impl GroupMembership {
         if !self.members.is_empty() && !self.members.values().any(|m| m.awaiting_join) {
             // Only static members that did not rejoin: nobody could lead the generation. The
             // round waits on, as Kafka's does, until a member joins or their sessions expire.
-            let timeout = self
-                .members
-                .values()
-                .map(|m| m.rebalance_timeout_ms)
-                .max()
-                .unwrap_or(0);
             self.state = GroupState::PreparingRebalance {
-                deadline_ms: now_ms + i64::from(timeout),
+                deadline_ms: now_ms + i64::from(self.rebalance_timeout_ms()),
             };
             return;
         }
@@ -998,6 +1000,22 @@ mod tests {
                 .map(|p| (p.to_string(), p.as_bytes().to_vec()))
                 .collect(),
         }
+    }
+
+    /// A (leader) and B joined generation 2, whose answers were read; the group awaits A's
+    /// assignment: (group, a, b).
+    fn completing_pair() -> (GroupMembership, String, String) {
+        let mut g = GroupMembership::new("g");
+        let a = g.join(join("", &["range"]), 0).unwrap();
+        g.join_result(&a).unwrap().unwrap();
+        g.sync(&a, 1, vec![], 0).unwrap();
+        g.sync_result(&a, 1).unwrap().unwrap();
+        let b = g.join(join("", &["range"]), 10).unwrap();
+        g.join(join(&a, &["range"]), 20).unwrap();
+        g.join_result(&a).unwrap().unwrap();
+        g.join_result(&b).unwrap().unwrap();
+        assert_eq!(g.state(), GroupState::CompletingRebalance);
+        (g, a, b)
     }
 
     /// Two members joined and synced: (group, leader, follower).
@@ -1610,21 +1628,8 @@ mod tests {
     #[test]
     fn a_follower_that_dies_while_its_sync_is_parked_expires() {
         // A and B joined generation 2; A leads; the group awaits A's assignment.
-        let completing = || {
-            let mut g = GroupMembership::new("g");
-            let a = g.join(join("", &["range"]), 0).unwrap();
-            g.join_result(&a).unwrap().unwrap();
-            g.sync(&a, 1, vec![], 0).unwrap();
-            g.sync_result(&a, 1).unwrap().unwrap();
-            let b = g.join(join("", &["range"]), 10).unwrap();
-            g.join(join(&a, &["range"]), 20).unwrap();
-            g.join_result(&a).unwrap().unwrap();
-            g.join_result(&b).unwrap().unwrap();
-            assert_eq!(g.state(), GroupState::CompletingRebalance);
-            (g, a, b)
-        };
         // B parks its SyncGroup, then dies: nobody polls its result again.
-        let (mut g, a, b) = completing();
+        let (mut g, a, b) = completing_pair();
         g.sync(&b, 2, vec![], 100).unwrap();
         g.sync(&a, 2, vec![(b.clone(), b"1".to_vec())], 200)
             .unwrap();
@@ -1637,7 +1642,7 @@ mod tests {
 
         // The same when a rebalance, not the leader's sync, ends the parked wait (A rejoins
         // with a new subscription: an unchanged rejoin would be answered without a round).
-        let (mut g, a, b) = completing();
+        let (mut g, a, b) = completing_pair();
         g.sync(&b, 2, vec![], 100).unwrap();
         g.join(join(&a, &["range", "roundrobin"]), 200).unwrap();
         assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
@@ -1649,7 +1654,7 @@ mod tests {
         );
 
         // And when the shell gives up on the parked request (timed out or dropped).
-        let (mut g, a, b) = completing();
+        let (mut g, a, b) = completing_pair();
         g.sync(&b, 2, vec![], 100).unwrap();
         g.heartbeat(&a, 2, 59_000).unwrap();
         assert_eq!(g.tick(60_000), Vec::<String>::new(), "parked: not expired");
@@ -1749,16 +1754,7 @@ mod tests {
 
     #[test]
     fn a_member_whose_join_answer_was_lost_gets_it_again_while_the_assignment_is_awaited() {
-        let mut g = GroupMembership::new("g");
-        let a = g.join(join("", &["range"]), 0).unwrap();
-        g.join_result(&a).unwrap().unwrap();
-        g.sync(&a, 1, vec![], 0).unwrap();
-        g.sync_result(&a, 1).unwrap().unwrap();
-        let b = g.join(join("", &["range"]), 10).unwrap();
-        g.join(join(&a, &["range"]), 20).unwrap();
-        g.join_result(&a).unwrap().unwrap();
-        g.join_result(&b).unwrap().unwrap();
-        assert_eq!(g.state(), GroupState::CompletingRebalance);
+        let (mut g, a, b) = completing_pair();
         // Both answers were lost on the way; both members join again, unchanged.
         g.join(join(&b, &["range"]), 30).unwrap();
         let again = g.join_result(&b).unwrap().unwrap();
@@ -1778,15 +1774,7 @@ mod tests {
 
     #[test]
     fn a_follower_that_waited_for_the_leaders_sync_keeps_its_session() {
-        let mut g = GroupMembership::new("g");
-        let a = g.join(join("", &["range"]), 0).unwrap();
-        g.join_result(&a).unwrap().unwrap();
-        g.sync(&a, 1, vec![], 0).unwrap();
-        g.sync_result(&a, 1).unwrap().unwrap();
-        let b = g.join(join("", &["range"]), 10).unwrap();
-        g.join(join(&a, &["range"]), 20).unwrap();
-        g.join_result(&a).unwrap().unwrap();
-        g.join_result(&b).unwrap().unwrap();
+        let (mut g, a, b) = completing_pair();
         // B's SyncGroup waits 9.5 s for the leader's (a busy leader); B cannot heartbeat
         // meanwhile, and its 10 s session must not run out from under it once it is answered.
         g.sync(&b, 2, vec![], 100).unwrap();

@@ -156,6 +156,26 @@ impl GroupSlot {
     }
 }
 
+/// Runs `f` on the group in `slot` after expiring its silent members, then wakes its parked
+/// requests (the group may have changed).
+fn on_slot<T>(
+    group_id: &str,
+    slot: &GroupSlot,
+    f: impl FnOnce(&mut GroupMembership, i64) -> T,
+) -> T {
+    let now = cluster::node::now_ms();
+    let result = {
+        let mut g = slot.lock();
+        let expired = g.tick(now);
+        if !expired.is_empty() {
+            tracing::info!(group = group_id, ?expired, "group members expired");
+        }
+        f(&mut g, now)
+    };
+    slot.changed.notify_waiters();
+    result
+}
+
 /// Who sent a JoinGroup: its client id (the header's) and its address, as DescribeGroups
 /// shows them.
 struct Client {
@@ -245,18 +265,16 @@ impl KafkaCoordinator {
 
     /// Runs `f` on the group (after expiring silent members) and wakes its parked requests.
     fn with_group<T>(&self, group_id: &str, f: impl FnOnce(&mut GroupMembership, i64) -> T) -> T {
-        let slot = self.group(group_id);
-        let now = cluster::node::now_ms();
-        let result = {
-            let mut g = slot.lock();
-            let expired = g.tick(now);
-            if !expired.is_empty() {
-                tracing::info!(group = group_id, ?expired, "group members expired");
-            }
-            f(&mut g, now)
-        };
-        slot.changed.notify_waiters();
-        result
+        on_slot(group_id, &self.group(group_id), f)
+    }
+
+    /// The groups this face holds now, with their slots (none created).
+    fn known_groups(&self) -> Vec<(String, Arc<GroupSlot>)> {
+        self.groups()
+            .slots
+            .iter()
+            .map(|(id, slot)| (id.clone(), slot.clone()))
+            .collect()
     }
 
     /// Parks until `poll` has an answer or `wait` passed (`None`).
@@ -703,12 +721,6 @@ impl KafkaCoordinator {
     /// with committed offsets and no membership (dropped while idle, or from before a
     /// restart) is not listed; DescribeGroups shows it Empty.
     fn list_groups(&self, r: ListGroupsRequest, version: i16) -> ListGroupsResponse {
-        let slots: Vec<(String, Arc<GroupSlot>)> = self
-            .groups()
-            .slots
-            .iter()
-            .map(|(id, slot)| (id.clone(), slot.clone()))
-            .collect();
         let wanted: Vec<String> = if version >= 4 {
             r.states_filter
                 .iter()
@@ -717,19 +729,14 @@ impl KafkaCoordinator {
         } else {
             Vec::new()
         };
-        let now = cluster::node::now_ms();
         let mut response = ListGroupsResponse::default();
-        for (group_id, slot) in slots {
+        for (group_id, slot) in self.known_groups() {
             if self.check_group(&group_id).is_err() {
                 continue;
             }
-            let (state, protocol_type) = {
-                let mut g = slot.lock();
-                g.tick(now);
-                let d = g.describe();
-                (d.state, d.protocol_type)
-            };
-            slot.changed.notify_waiters();
+            let (state, protocol_type) = on_slot(&group_id, &slot, |g, _| {
+                (g.state().name(), g.protocol_type().to_string())
+            });
             if !wanted.is_empty() && !wanted.contains(&state.to_ascii_lowercase()) {
                 continue;
             }
@@ -768,15 +775,7 @@ impl KafkaCoordinator {
                 continue;
             }
             let slot = self.groups().slots.get(&group_id).cloned();
-            let description = slot.map(|slot| {
-                let d = {
-                    let mut g = slot.lock();
-                    g.tick(cluster::node::now_ms());
-                    g.describe()
-                };
-                slot.changed.notify_waiters();
-                d
-            });
+            let description = slot.map(|slot| on_slot(&group_id, &slot, |g, _| g.describe()));
             match description {
                 Some(d) => {
                     out.group_state = str_bytes(d.state);

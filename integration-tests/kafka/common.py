@@ -28,6 +28,23 @@ def check(condition, message):
         fail(message)
 
 
+def group_member_config(bootstrap_servers, group, name, instance=None):
+    """confluent-kafka consumer settings of a group member named `name` (its client.id), static
+    when `instance` is its group.instance.id: manual commits, a 10 s session and fast
+    heartbeats, so rebalances are seen quickly."""
+    config = {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": group,
+        "client.id": name,
+        "enable.auto.commit": False,
+        "session.timeout.ms": 10000,
+        "heartbeat.interval.ms": 200,
+    }
+    if instance:
+        config["group.instance.id"] = instance
+    return config
+
+
 def consume_all(bootstrap_servers, topic, partitions, isolation, deadline_s=30.0, expect=None):
     """Reads every partition from the beginning to its end with confluent-kafka (assign, no
     group offsets); returns {partition: [(offset, key, value, headers, timestamp)]}."""

@@ -11,7 +11,7 @@ import uuid
 from confluent_kafka import Consumer, ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
-from common import bootstrap, check, report
+from common import bootstrap, check, group_member_config, report
 
 servers = bootstrap()
 topic = sys.argv[2] if len(sys.argv) > 2 else "input"
@@ -20,17 +20,7 @@ group = "described-%s" % uuid.uuid4().hex[:8]
 
 
 def consumer(name, instance):
-    config = {
-        "bootstrap.servers": servers,
-        "group.id": group,
-        "client.id": name,
-        "enable.auto.commit": False,
-        "session.timeout.ms": 10000,
-        "heartbeat.interval.ms": 200,
-    }
-    if instance:
-        config["group.instance.id"] = instance
-    c = Consumer(config)
+    c = Consumer(group_member_config(servers, group, name, instance))
     assigned = []
     c.subscribe([topic], on_assign=lambda _c, parts: assigned.append(len(parts)))
     return c, assigned

@@ -11,7 +11,7 @@ import time
 import uuid
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from common import bootstrap, check, report
+from common import bootstrap, check, group_member_config, report
 
 servers = bootstrap()
 topic = sys.argv[2] if len(sys.argv) > 2 else "input"
@@ -23,17 +23,7 @@ class Member:
         self.assigned = []
         self.revoked = []
         self.errors = []
-        config = {
-            "bootstrap.servers": servers,
-            "group.id": group,
-            "client.id": name,
-            "enable.auto.commit": False,
-            "session.timeout.ms": 10000,
-            "heartbeat.interval.ms": 200,
-        }
-        if instance:
-            config["group.instance.id"] = instance
-        self.consumer = Consumer(config)
+        self.consumer = Consumer(group_member_config(servers, group, name, instance))
         self.consumer.subscribe(
             [topic],
             on_assign=lambda _c, parts: self.assigned.append(sorted(p.partition for p in parts)),

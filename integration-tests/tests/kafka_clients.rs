@@ -217,6 +217,16 @@ async fn confluent_kafka_producer_carries_on_after_its_transaction_timed_out() {
     cluster.shutdown().await.unwrap();
 }
 
+/// A cluster whose groups' first rebalance waits 100 ms instead of Kafka's 3 s (group tests
+/// start their members themselves; nothing is gained by waiting for more).
+async fn group_cluster() -> minibroker::EmbeddedCluster {
+    cluster_with(minibroker::EmbeddedOptions {
+        group_initial_rebalance_delay: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await
+}
+
 /// KIP-345 with librdkafka: a new process with the same group.instance.id replaces the static
 /// member and takes over exactly its partitions without a rebalance (the group's other,
 /// dynamic, member is never revoked), and the old one, still alive, is fenced
@@ -224,11 +234,7 @@ async fn confluent_kafka_producer_carries_on_after_its_transaction_timed_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_static_member_is_replaced_and_the_old_instance_fenced() {
     let Some(python) = python().await else { return };
-    let cluster = cluster_with(minibroker::EmbeddedOptions {
-        group_initial_rebalance_delay: Duration::from_millis(100),
-        ..Default::default()
-    })
-    .await;
+    let cluster = group_cluster().await;
     let bootstrap = cluster.kafka_bootstrap().join(",");
     let report = run_script(
         &python,
@@ -252,11 +258,7 @@ async fn confluent_kafka_static_member_is_replaced_and_the_old_instance_fenced()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_admin_lists_and_describes_consumer_groups() {
     let Some(python) = python().await else { return };
-    let cluster = cluster_with(minibroker::EmbeddedOptions {
-        group_initial_rebalance_delay: Duration::from_millis(100),
-        ..Default::default()
-    })
-    .await;
+    let cluster = group_cluster().await;
     let bootstrap = cluster.kafka_bootstrap().join(",");
     let report = run_script(
         &python,
@@ -275,11 +277,7 @@ async fn confluent_kafka_admin_lists_and_describes_consumer_groups() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_python_admin_lists_and_describes_consumer_groups() {
     let Some(python) = python().await else { return };
-    let cluster = cluster_with(minibroker::EmbeddedOptions {
-        group_initial_rebalance_delay: Duration::from_millis(100),
-        ..Default::default()
-    })
-    .await;
+    let cluster = group_cluster().await;
     let bootstrap = cluster.kafka_bootstrap().join(",");
     let report = run_script(
         &python,
@@ -301,11 +299,7 @@ async fn kafka_python_admin_lists_and_describes_consumer_groups() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_static_member_replaced_while_its_join_is_parked_is_fenced() {
     use kafka_protocol::messages::*;
-    let cluster = cluster_with(minibroker::EmbeddedOptions {
-        group_initial_rebalance_delay: Duration::from_millis(100),
-        ..Default::default()
-    })
-    .await;
+    let cluster = group_cluster().await;
     let group = "static-parked";
     let coordinator = cluster
         .kafka_address(cluster.coordinator_for(group))
@@ -390,11 +384,7 @@ async fn a_static_member_replaced_while_its_join_is_parked_is_fenced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_static_member_late_for_a_round_keeps_its_place() {
     use kafka_protocol::messages::*;
-    let cluster = cluster_with(minibroker::EmbeddedOptions {
-        group_initial_rebalance_delay: Duration::from_millis(100),
-        ..Default::default()
-    })
-    .await;
+    let cluster = group_cluster().await;
     let group = "static-late";
     let coordinator = cluster
         .kafka_address(cluster.coordinator_for(group))
