@@ -698,6 +698,14 @@ impl GroupMembership {
         true
     }
 
+    /// Every member's metadata for every protocol it offered (OffsetDelete reads the
+    /// subscriptions from it).
+    pub fn protocol_metadata(&self) -> impl Iterator<Item = &[u8]> {
+        self.members
+            .values()
+            .flat_map(|m| m.protocols.iter().map(|(_, md)| md.as_slice()))
+    }
+
     /// What DescribeGroups shows, as Kafka's `GroupMetadata.summary`: the state, the protocol
     /// type, and every member with its client id and host; a Stable group also names its
     /// protocol and shows each member's metadata for it and its assignment (in any other

@@ -28,6 +28,8 @@
 //! | LeaveGroup           | 0-4      | v3+: batched members |
 //! | ListGroups           | 0-4      | v4: states filter; v5+ is KIP-848's types filter |
 //! | DescribeGroups       | 0-5      | v6+ adds error messages (KIP-1043) |
+//! | DeleteGroups         | 0-2      | decided by [`crate::group_admin`] |
+//! | OffsetDelete         | 0        | KIP-496; decided by [`crate::group_admin`] |
 //!
 //! Consumer groups: membership ([`crate::consumer_groups`]) lives in this face, one
 //! [`GroupMembership`] per group behind a lock, in memory. JoinGroup and SyncGroup are parked
@@ -85,6 +87,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
 use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::leave_group_response::MemberResponse;
@@ -92,18 +95,24 @@ use kafka_protocol::messages::list_groups_response::ListedGroup;
 use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
+use kafka_protocol::messages::offset_delete_response::{
+    OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
+};
 use kafka_protocol::messages::{
-    DescribeGroupsRequest, DescribeGroupsResponse, GroupId, HeartbeatRequest, HeartbeatResponse,
-    JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
-    ListGroupsResponse, OffsetCommitRequest, OffsetCommitResponse, SyncGroupRequest,
-    SyncGroupResponse,
+    DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
+    GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
+    LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse,
+    SyncGroupRequest, SyncGroupResponse,
 };
 
 use crate::consumer_groups::{CommitKind, GroupError, GroupMembership, JoinRequest};
 use crate::core::TransactionVersion;
 use crate::error_code;
+use crate::group_admin::{self, AdminError, Membership};
 use crate::service::LocalService;
 use crate::Error;
+use cluster::TopicPartition;
 
 /// The coordinator's [`Handler`].
 pub struct KafkaCoordinator {
@@ -277,6 +286,44 @@ impl KafkaCoordinator {
             .collect()
     }
 
+    /// Runs `decide` on what this face holds of `group_id`'s membership (DeleteGroups,
+    /// OffsetDelete: [`group_admin::Membership`]), with the groups' map locked so that nobody
+    /// gets the group's slot meanwhile; an idle membership is dropped when `decide` says so
+    /// (its group was deleted). A membership some request holds is at work: Active.
+    fn on_admin_membership<T>(
+        &self,
+        group_id: &str,
+        decide: impl FnOnce(&Membership) -> (T, bool),
+    ) -> T {
+        let mut groups = self.groups();
+        let membership = match groups.slots.get(group_id) {
+            None => Membership::None,
+            Some(slot) => {
+                let (idle, consumer, subscribed) = on_slot(group_id, slot, |g, _| {
+                    let consumer = g.protocol_type() == "consumer";
+                    let subscribed = consumer
+                        .then(|| group_admin::subscribed_topics(g.protocol_metadata()))
+                        .flatten();
+                    (g.is_idle(), consumer, subscribed)
+                });
+                // Only the map refers to it: no request is at work on it.
+                if idle && Arc::strong_count(slot) == 1 {
+                    Membership::Idle
+                } else {
+                    Membership::Active {
+                        consumer,
+                        subscribed,
+                    }
+                }
+            }
+        };
+        let (answer, drop_idle) = decide(&membership);
+        if drop_idle && membership == Membership::Idle {
+            groups.slots.remove(group_id);
+        }
+        answer
+    }
+
     /// Parks until `poll` has an answer or `wait` passed (`None`).
     async fn park<T>(
         &self,
@@ -322,6 +369,18 @@ fn group_code(e: &GroupError) -> i16 {
         GroupError::MemberIdRequired(_) => ResponseError::MemberIdRequired,
         GroupError::FencedInstanceId(_) => ResponseError::FencedInstanceId,
         GroupError::InvalidSessionTimeout(_) => ResponseError::InvalidSessionTimeout,
+    }
+    .code()
+}
+
+/// Kafka's code for a refused DeleteGroups or OffsetDelete.
+fn admin_code(e: &AdminError) -> i16 {
+    match e {
+        AdminError::GroupIdNotFound(_) => ResponseError::GroupIdNotFound,
+        AdminError::NonEmptyGroup { .. } => ResponseError::NonEmptyGroup,
+        AdminError::GroupSubscribedToTopic(_) => ResponseError::GroupSubscribedToTopic,
+        AdminError::PendingTransaction(_) => ResponseError::ConcurrentTransactions,
+        AdminError::UnknownTopicOrPartition(_) => ResponseError::UnknownTopicOrPartition,
     }
     .code()
 }
@@ -462,7 +521,11 @@ impl Handler for KafkaCoordinator {
             RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(self.sync_group(r, version).await),
             RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(self.heartbeat(r)),
             RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(self.leave_group(r, version)),
-            RequestKind::ListGroups(r) => ResponseKind::ListGroups(self.list_groups(r, version)),
+            RequestKind::ListGroups(r) => {
+                ResponseKind::ListGroups(self.list_groups(r, version).await)
+            }
+            RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(self.delete_groups(r).await),
+            RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(self.offset_delete(r).await),
             RequestKind::DescribeGroups(r) => {
                 ResponseKind::DescribeGroups(self.describe_groups(r, version).await)
             }
@@ -716,11 +779,11 @@ impl KafkaCoordinator {
     }
 
     /// ListGroups: the groups this coordinator holds a membership for (silent members expired
-    /// first), with their protocol type and, from v4, their state; v4's states filter keeps
-    /// the groups in one of the named states (case does not matter, as in Kafka). A group
-    /// with committed offsets and no membership (dropped while idle, or from before a
-    /// restart) is not listed; DescribeGroups shows it Empty.
-    fn list_groups(&self, r: ListGroupsRequest, version: i16) -> ListGroupsResponse {
+    /// first), with their protocol type and, from v4, their state, and, as in Kafka, the
+    /// groups known only by their committed offsets (a membership dropped while idle, or
+    /// lost in a restart): Empty, with no protocol type. v4's states filter keeps the groups
+    /// in one of the named states (case does not matter, as in Kafka).
+    async fn list_groups(&self, r: ListGroupsRequest, version: i16) -> ListGroupsResponse {
         let wanted: Vec<String> = if version >= 4 {
             r.states_filter
                 .iter()
@@ -730,13 +793,31 @@ impl KafkaCoordinator {
             Vec::new()
         };
         let mut response = ListGroupsResponse::default();
-        for (group_id, slot) in self.known_groups() {
-            if self.check_group(&group_id).is_err() {
-                continue;
+        let mut groups: std::collections::BTreeMap<String, (&'static str, String)> = self
+            .known_groups()
+            .into_iter()
+            .filter(|(group_id, _)| self.check_group(group_id).is_ok())
+            .map(|(group_id, slot)| {
+                let listed = on_slot(&group_id, &slot, |g, _| {
+                    (g.state().name(), g.protocol_type().to_string())
+                });
+                (group_id, listed)
+            })
+            .collect();
+        match self.service.offset_groups().await {
+            Ok(stored) => {
+                for group_id in stored {
+                    groups
+                        .entry(group_id)
+                        .or_insert_with(|| ("Empty", String::new()));
+                }
             }
-            let (state, protocol_type) = on_slot(&group_id, &slot, |g, _| {
-                (g.state().name(), g.protocol_type().to_string())
-            });
+            Err(e) => {
+                response.error_code = kafka_error(&e);
+                return response;
+            }
+        }
+        for (group_id, (state, protocol_type)) in groups {
             if !wanted.is_empty() && !wanted.contains(&state.to_ascii_lowercase()) {
                 continue;
             }
@@ -747,8 +828,134 @@ impl KafkaCoordinator {
             response.groups.push(listed);
         }
         response
-            .groups
-            .sort_by(|a, b| a.group_id.0.cmp(&b.group_id.0));
+    }
+
+    /// DeleteGroups: each group on its own, as [`group_admin::delete_group`] decides under
+    /// the group's locks: an Empty group (or one known only by its offsets) loses its
+    /// committed offsets, durably, and its idle membership; one with members, or with a
+    /// transaction's offsets awaiting their marker, is NON_EMPTY_GROUP; one unknown here is
+    /// GROUP_ID_NOT_FOUND. Its marker fences stay (a marker sent again puts nothing back).
+    async fn delete_groups(&self, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
+        let mut response = DeleteGroupsResponse::default();
+        for group in r.groups_names {
+            let group_id = group.0.to_string();
+            let mut result = DeletableGroupResult::default();
+            result.group_id = group;
+            result.error_code = match self.check_group(&group_id) {
+                Err(code) => code,
+                Ok(()) => self.delete_group(&group_id).await,
+            };
+            response.results.push(result);
+        }
+        response
+    }
+
+    async fn delete_group(&self, group_id: &str) -> i16 {
+        let decision = self
+            .service
+            .delete_group_offsets(group_id.to_string(), |committed, pending| {
+                self.on_admin_membership(group_id, |membership| {
+                    match group_admin::delete_group(group_id, membership, committed, pending) {
+                        Ok(delete) => ((delete, Ok(())), true),
+                        Err(e) => ((Vec::new(), Err(e)), false),
+                    }
+                })
+            })
+            .await;
+        match decision {
+            Ok(Ok(())) => {
+                tracing::info!(group = group_id, "group deleted");
+                0
+            }
+            Ok(Err(e)) => {
+                tracing::info!(group = group_id, "DeleteGroups refused: {e}");
+                admin_code(&e)
+            }
+            Err(e) => kafka_error(&e),
+        }
+    }
+
+    /// OffsetDelete (KIP-496): the committed offsets of the named partitions, deleted durably
+    /// as [`group_admin::delete_offsets`] decides under the group's locks: not for a topic a
+    /// member of the group subscribes to (GROUP_SUBSCRIBED_TO_TOPIC), a partition that does
+    /// not exist (UNKNOWN_TOPIC_OR_PARTITION), or one whose offset a transaction has pending
+    /// (CONCURRENT_TRANSACTIONS, until its marker); a group with members of another protocol
+    /// than "consumer" is NON_EMPTY_GROUP and an unknown one GROUP_ID_NOT_FOUND, for the
+    /// whole request.
+    async fn offset_delete(&self, r: OffsetDeleteRequest) -> OffsetDeleteResponse {
+        let mut response = OffsetDeleteResponse::default();
+        let group_id = r.group_id.0.to_string();
+        if let Err(code) = self.check_group(&group_id) {
+            response.error_code = code;
+            return response;
+        }
+        let requested: Vec<TopicPartition> = r
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .map(|p| TopicPartition::new(t.name.0.as_str(), p.partition_index))
+            })
+            .collect();
+        let topology = self.service.topology();
+        let decision = self
+            .service
+            .delete_group_offsets(group_id.clone(), |committed, pending| {
+                self.on_admin_membership(&group_id, |membership| {
+                    let exists =
+                        |tp: &TopicPartition| topology.partition_exists(&tp.topic, tp.partition);
+                    match group_admin::delete_offsets(
+                        &group_id, membership, committed, pending, &requested, exists,
+                    ) {
+                        Ok(outcomes) => {
+                            let delete = outcomes
+                                .iter()
+                                .filter(|(_, r)| r.is_ok())
+                                .map(|(tp, _)| tp.clone())
+                                .collect();
+                            ((delete, Ok(outcomes)), false)
+                        }
+                        Err(e) => ((Vec::new(), Err(e)), false),
+                    }
+                })
+            })
+            .await;
+        let mut outcomes = match decision {
+            Ok(Ok(outcomes)) => outcomes.into_iter(),
+            Ok(Err(e)) => {
+                tracing::info!(group = %group_id, "OffsetDelete refused: {e}");
+                response.error_code = admin_code(&e);
+                return response;
+            }
+            Err(e) => {
+                response.error_code = kafka_error(&e);
+                return response;
+            }
+        };
+        // The outcomes come in the request's order.
+        response.topics = r
+            .topics
+            .iter()
+            .map(|t| {
+                let mut topic = OffsetDeleteResponseTopic::default();
+                topic.name = t.name.clone();
+                topic.partitions = t
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        let mut out = OffsetDeleteResponsePartition::default();
+                        out.partition_index = p.partition_index;
+                        if let Some((tp, Err(e))) = outcomes.next() {
+                            tracing::info!(group = %group_id, partition = %tp, "offset not deleted: {e}");
+                            out.error_code = admin_code(&e);
+                        }
+                        out
+                    })
+                    .collect();
+                topic
+            })
+            .collect();
         response
     }
 

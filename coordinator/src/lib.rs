@@ -17,9 +17,10 @@
 //! | per-id state | `service/state.rs`: routing, per-id locks, transitions made durable, load, timeout scan | `__transaction_state`, the PID block, the generation |
 //! | group commit | `service/commit.rs`: the writer task that makes concurrent transitions durable with one flush | `__transaction_state`, through [`storage::Storage::put_txns`] |
 //! | marker writer | `service/markers.rs`: the one deliver-with-backoff loop | peers over gRPC; completes through `state` |
-//! | group coordinator | `service/groups.rs`: group markers received, OffsetFetch, Kafka's plain OffsetCommit | `__consumer_offsets`, `__group_marker_state` |
+//! | group coordinator | `service/groups.rs`: group markers received, OffsetFetch, Kafka's plain OffsetCommit, offset deletion | `__consumer_offsets`, `__group_marker_state` |
 //! | in-process calls | `service/local.rs`: what the Kafka face calls (proto in, domain out), the same checks and rooms as `grpc` | nothing else |
 //! | Kafka face | [`kafka`]: Kafka's transactional and group APIs decoded with `kafka-protocol`, answered through `service/local.rs` | group membership in memory |
+//! | group deletion | [`group_admin`]: DeleteGroups and OffsetDelete as pure decisions (Kafka's rules, plus: a transaction's pending offsets keep the group) | nothing but its arguments |
 //! | consumer groups | [`consumer_groups`]: Kafka's classic group membership (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) and the KIP-447 generation check, a pure state machine | nothing but its arguments |
 //!
 //! A new protocol rule goes into `core` (with its unit test beside it, and a golden script in
@@ -56,6 +57,7 @@
 pub mod consumer_groups;
 pub mod core;
 mod error;
+pub mod group_admin;
 pub mod kafka;
 pub mod service;
 pub mod storage;

@@ -201,6 +201,16 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<(), StorageError>;
     /// The committed offsets of `group`.
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError>;
+    /// Removes the committed offsets of `group` for `partitions` (Kafka's DeleteGroups and
+    /// OffsetDelete); durable when this returns. The group's marker fences stay: a marker
+    /// sent again after the deletion is still known, and puts nothing back.
+    fn delete_group_offsets(
+        &self,
+        group: &str,
+        partitions: &[TopicPartition],
+    ) -> Result<(), StorageError>;
+    /// Every group with committed offsets, each once (in no particular order).
+    fn offset_groups(&self) -> Result<Vec<String>, StorageError>;
     /// Flushes everything (at shutdown).
     fn flush(&self) -> Result<(), StorageError>;
 }
@@ -437,6 +447,24 @@ fn apply(tree: &sled::Tree, ops: Vec<TreeOp>) -> Result<(), StorageError> {
     }
     tree.apply_batch(batch)?;
     Ok(())
+}
+
+/// The group whose prefix starts `key` ([`group_prefix`]).
+fn decode_group_prefix(key: &[u8]) -> Option<&str> {
+    let len = u16::from_be_bytes(key.get(..2)?.try_into().ok()?) as usize;
+    std::str::from_utf8(key.get(2..2 + len)?).ok()
+}
+
+/// The first key after every key that starts with `prefix`; `None` if there is none.
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }
 
 fn decode_offset_key(prefix_len: usize, key: &[u8]) -> Option<TopicPartition> {
@@ -761,6 +789,39 @@ impl Storage for SledStorage {
         Ok(out)
     }
 
+    fn delete_group_offsets(
+        &self,
+        group: &str,
+        partitions: &[TopicPartition],
+    ) -> Result<(), StorageError> {
+        let mut batch = sled::Batch::default();
+        for tp in partitions {
+            batch.remove(offset_key(group, tp));
+        }
+        self.offsets.apply_batch(batch)?;
+        self.durable()
+    }
+
+    fn offset_groups(&self) -> Result<Vec<String>, StorageError> {
+        // One seek per group: past its last key to the next group's first.
+        let mut groups = Vec::new();
+        let mut from: Vec<u8> = Vec::new();
+        while let Some(entry) = self.offsets.range(from.as_slice()..).next() {
+            let (key, _) = entry?;
+            let group = decode_group_prefix(&key).ok_or_else(|| StorageError::Corrupt {
+                key: String::from_utf8_lossy(&key).into_owned(),
+                reason: "bad group offset key".into(),
+            })?;
+            let Some(next) = prefix_end(&group_prefix(group)) else {
+                groups.push(group.to_string());
+                break;
+            };
+            groups.push(group.to_string());
+            from = next;
+        }
+        Ok(groups)
+    }
+
     fn flush(&self) -> Result<(), StorageError> {
         self.durable()
     }
@@ -934,6 +995,34 @@ impl Storage for MemoryStorage {
         Ok(self.with(|s| s.offsets.get(group).cloned().unwrap_or_default()))
     }
 
+    fn delete_group_offsets(
+        &self,
+        group: &str,
+        partitions: &[TopicPartition],
+    ) -> Result<(), StorageError> {
+        self.with(|s| {
+            if let Some(stored) = s.offsets.get_mut(group) {
+                for tp in partitions {
+                    stored.remove(tp);
+                }
+                if stored.is_empty() {
+                    s.offsets.remove(group);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn offset_groups(&self) -> Result<Vec<String>, StorageError> {
+        Ok(self.with(|s| {
+            s.offsets
+                .iter()
+                .filter(|(_, o)| !o.is_empty())
+                .map(|(g, _)| g.clone())
+                .collect()
+        }))
+    }
+
     fn flush(&self) -> Result<(), StorageError> {
         Ok(())
     }
@@ -1027,7 +1116,54 @@ mod tests {
             store.group_marker_fence("g", 7, 1).unwrap(),
             fence(Some(2), Some(3))
         );
+        // Deleting offsets (DeleteGroups, OffsetDelete): only those named, and a partition
+        // without an offset is no error; the fences stay.
+        let before = store.offset_groups().unwrap();
+        assert!(before.contains(&"g".to_string()), "{before:?}");
+        store
+            .delete_group_offsets("g", &[tp("t", 1), tp("none", 0)])
+            .unwrap();
+        assert_eq!(
+            store.group_offsets("g").unwrap(),
+            [(tp("t", 0), 9), (tp("u", 0), 3)].into()
+        );
+        assert_eq!(store.offset_groups().unwrap(), before);
+        store
+            .delete_group_offsets("g", &[tp("t", 0), tp("u", 0)])
+            .unwrap();
+        assert!(store.group_offsets("g").unwrap().is_empty());
+        let after: Vec<String> = before.into_iter().filter(|g| g != "g").collect();
+        assert_eq!(store.offset_groups().unwrap(), after);
+        assert_eq!(
+            store.group_marker_fence("g", 7, 1).unwrap(),
+            fence(Some(2), Some(3))
+        );
         store.flush().unwrap();
+    }
+
+    /// Groups are listed once each, in order, whatever their names (one a prefix of another,
+    /// bytes at their maximum).
+    #[test]
+    fn offset_groups_lists_each_group_once() {
+        let tp = |t: &str, p| TopicPartition::new(t, p);
+        let names = ["g", "gg", "g\u{ff}", "\u{10ffff}", "h"];
+        let dir = tempfile::tempdir().unwrap();
+        let sled = SledStorage::open(dir.path()).unwrap();
+        let memory = MemoryStorage::new();
+        for store in [&sled as &dyn Storage, &memory] {
+            for (n, group) in names.iter().enumerate() {
+                let offsets = (0..3).map(|p| (tp("t", p), n as i64)).collect();
+                store.commit_group_offsets(group, &offsets).unwrap();
+            }
+            let mut expected: Vec<String> = names.iter().map(|g| g.to_string()).collect();
+            expected.sort();
+            let mut listed = store.offset_groups().unwrap();
+            // sled orders by the key (length first), the memory engine by name.
+            listed.sort();
+            assert_eq!(listed, expected);
+        }
+        assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xff, 0xff]), None);
     }
 
     #[test]
@@ -1047,7 +1183,8 @@ mod tests {
         let snap = store.load().unwrap();
         assert_eq!(snap.txns.len(), 3);
         assert_eq!(snap.generation, 4);
-        assert_eq!(store.group_offsets("g").unwrap().len(), 3);
+        // `exercise` deleted g's offsets at the end; its fences outlive them.
+        assert!(store.group_offsets("g").unwrap().is_empty());
         assert_eq!(
             store.group_marker_fence("g", 7, 1).unwrap(),
             GroupMarkerFence {

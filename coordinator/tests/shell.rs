@@ -156,6 +156,17 @@ impl Storage for TestStorage {
         self.check()?;
         self.inner.commit_group_offsets(group, offsets)
     }
+    fn delete_group_offsets(
+        &self,
+        group: &str,
+        partitions: &[cluster::TopicPartition],
+    ) -> Result<(), StorageError> {
+        self.check()?;
+        self.inner.delete_group_offsets(group, partitions)
+    }
+    fn offset_groups(&self) -> Result<Vec<String>, StorageError> {
+        self.inner.offset_groups()
+    }
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
         let offsets = self.inner.group_offsets(group);
         let mut held = self.hold_offset_reads.lock().unwrap();
@@ -620,19 +631,36 @@ async fn serve_kafka(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<Result<(), coordinator::Error>>,
 ) {
+    let (grpc, kafka, _, stop, task) = serve_kafka_in(storage, more_coordinators).await;
+    (grpc, kafka, stop, task)
+}
+
+/// [`serve_kafka`], also returning the topology (to sign what another coordinator sends).
+async fn serve_kafka_in(
+    storage: Arc<TestStorage>,
+    more_coordinators: &str,
+) -> (
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+    Arc<cluster::Topology>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), coordinator::Error>>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let kafka = kafka_listener.local_addr().unwrap();
     let grpc_addr = listener.local_addr().unwrap();
-    let topology = cluster::Topology::parse(&format!(
-        "transaction_state_partitions = 4\n\
-         [[coordinators]]\nid = 1\naddress = \"{grpc_addr}\"\n\
-         {more_coordinators}\
-         [[leaders]]\nid = 101\naddress = \"127.0.0.1:1\"\n\
-         [[topics]]\nname = \"input\"\nleaders = [101]\n"
-    ))
-    .unwrap();
-    let mut config = coordinator::CoordinatorConfig::new(1, "/nonexistent", Arc::new(topology));
+    let topology = Arc::new(
+        cluster::Topology::parse(&format!(
+            "transaction_state_partitions = 4\n\
+             [[coordinators]]\nid = 1\naddress = \"{grpc_addr}\"\n\
+             {more_coordinators}\
+             [[leaders]]\nid = 101\naddress = \"127.0.0.1:1\"\n\
+             [[topics]]\nname = \"input\"\nleaders = [101]\n"
+        ))
+        .unwrap(),
+    );
+    let mut config = coordinator::CoordinatorConfig::new(1, "/nonexistent", topology.clone());
     config.cluster_secret = Some(testkit::auth::secret());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(coordinator::serve_with_storage(
@@ -644,7 +672,7 @@ async fn serve_kafka(
             let _ = stopped.await;
         },
     ));
-    (grpc_addr, kafka, stop, task)
+    (grpc_addr, kafka, topology, stop, task)
 }
 
 /// A TxnOffsetCommit naming a member that reaches the Kafka face before the state is loaded is
@@ -1026,6 +1054,226 @@ async fn describe_groups_answers_bad_and_unknown_groups_each_and_creates_none() 
         panic!("ListGroups response")
     };
     assert_eq!((listed.error_code, listed.groups.len()), (0, 0));
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// DeleteGroups of `groups` over the Kafka face: each group's error code.
+async fn delete_groups(kafka: std::net::SocketAddr, groups: &[&str]) -> Vec<i16> {
+    use kafka_protocol::messages::{
+        ApiKey, DeleteGroupsRequest, GroupId, RequestKind, ResponseKind,
+    };
+    let mut r = DeleteGroupsRequest::default();
+    r.groups_names = groups
+        .iter()
+        .map(|g| GroupId(kafka_wire::str_bytes(*g)))
+        .collect();
+    let ResponseKind::DeleteGroups(d) =
+        testkit::kafka::call(kafka, ApiKey::DeleteGroups, 2, RequestKind::DeleteGroups(r)).await
+    else {
+        panic!("DeleteGroups response")
+    };
+    d.results.iter().map(|g| g.error_code).collect()
+}
+
+/// OffsetDelete of `partitions` of `group` over the Kafka face: the group's error code and
+/// each partition's.
+async fn offset_delete(
+    kafka: std::net::SocketAddr,
+    group: &str,
+    partitions: &[(&str, i32)],
+) -> (i16, Vec<i16>) {
+    use kafka_protocol::messages::offset_delete_request::{
+        OffsetDeleteRequestPartition, OffsetDeleteRequestTopic,
+    };
+    use kafka_protocol::messages::{
+        ApiKey, GroupId, OffsetDeleteRequest, RequestKind, ResponseKind, TopicName,
+    };
+    let mut r = OffsetDeleteRequest::default();
+    r.group_id = GroupId(kafka_wire::str_bytes(group));
+    r.topics = partitions
+        .iter()
+        .map(|(topic, partition)| {
+            let mut t = OffsetDeleteRequestTopic::default();
+            t.name = TopicName(kafka_wire::str_bytes(*topic));
+            let mut p = OffsetDeleteRequestPartition::default();
+            p.partition_index = *partition;
+            t.partitions = vec![p];
+            t
+        })
+        .collect();
+    let ResponseKind::OffsetDelete(d) =
+        testkit::kafka::call(kafka, ApiKey::OffsetDelete, 0, RequestKind::OffsetDelete(r)).await
+    else {
+        panic!("OffsetDelete response")
+    };
+    let codes = d
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
+        .collect();
+    (d.error_code, codes)
+}
+
+/// ListGroups over the Kafka face: (group, state) of each.
+async fn list_groups(kafka: std::net::SocketAddr) -> Vec<(String, String)> {
+    use kafka_protocol::messages::{ApiKey, ListGroupsRequest, RequestKind, ResponseKind};
+    let ResponseKind::ListGroups(l) = testkit::kafka::call(
+        kafka,
+        ApiKey::ListGroups,
+        4,
+        RequestKind::ListGroups(ListGroupsRequest::default()),
+    )
+    .await
+    else {
+        panic!("ListGroups response")
+    };
+    assert_eq!(l.error_code, 0);
+    l.groups
+        .iter()
+        .map(|g| (g.group_id.0.to_string(), g.group_state.to_string()))
+        .collect()
+}
+
+/// A group whose offsets a transaction has pending (its TxnOffsetCommit accepted, its marker
+/// not applied) is in use: DeleteGroups is NON_EMPTY_GROUP and OffsetDelete
+/// CONCURRENT_TRANSACTIONS for the partition, and nothing is deleted, so the transaction's
+/// COMMIT never brings back offsets deleted after it was accepted. Once the marker is applied
+/// the offset can be deleted; a partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION; a
+/// storage failure is NOT_COORDINATOR and deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_with_a_transactions_offsets_pending_is_not_deleted_until_the_marker() {
+    use testkit::kafka::{offset_fetch_v7, OffsetTxn};
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    let (_, kafka, stop, task) = serve_kafka(storage.clone(), "").await;
+    let group = "pending-group";
+    eventually("the coordinator has loaded", || async {
+        (delete_groups(kafka, &[group]).await != [14]).then_some(())
+    })
+    .await;
+    let t = OffsetTxn::init(kafka, kafka, "pending-txn", group).await;
+    t.add_offsets().await;
+    assert_eq!(t.commit_offset("", -1, 5).await, 0);
+    let (non_empty, concurrent, unknown, not_found) = (68, 51, 3, 69);
+    assert_eq!(delete_groups(kafka, &[group]).await, [non_empty]);
+    assert_eq!(
+        offset_delete(kafka, group, &[("input", 0)]).await,
+        (0, vec![concurrent])
+    );
+
+    t.end(true).await;
+    eventually("the marker is applied", || async {
+        (offset_fetch_v7(kafka, group, true).await == (0, (0, 5))).then_some(())
+    })
+    .await;
+    assert_eq!(list_groups(kafka).await, [(group.into(), "Empty".into())]);
+
+    storage.fail_writes.store(true, Ordering::SeqCst);
+    assert_eq!(
+        delete_groups(kafka, &[group]).await,
+        [16],
+        "NOT_COORDINATOR"
+    );
+    assert_eq!(
+        offset_delete(kafka, group, &[("input", 0)]).await,
+        (16, vec![])
+    );
+    storage.fail_writes.store(false, Ordering::SeqCst);
+    assert_eq!(offset_fetch_v7(kafka, group, true).await, (0, (0, 5)));
+
+    assert_eq!(
+        offset_delete(kafka, group, &[("input", 0), ("nope", 0)]).await,
+        (0, vec![0, unknown])
+    );
+    assert_eq!(offset_fetch_v7(kafka, group, true).await, (0, (0, -1)));
+    assert!(list_groups(kafka).await.is_empty());
+    assert_eq!(delete_groups(kafka, &[group]).await, [not_found]);
+    assert_eq!(
+        offset_delete(kafka, group, &[("input", 0)]).await,
+        (not_found, vec![])
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// A deleted group's offsets stay deleted when the marker that wrote them comes again (its
+/// transaction's coordinator, restarted in Prepare*, sends it once more): the group's marker
+/// fences outlive the deletion, so the marker is a repeat and writes nothing. A later
+/// transaction's marker writes the group anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_offsets_stay_deleted_when_their_marker_comes_again() {
+    use testkit::kafka::offset_fetch_v7;
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    // Coordinator 7 is in the topology but not started: the test sends its markers.
+    let ghost = "[[coordinators]]\nid = 7\naddress = \"127.0.0.1:1\"\n";
+    let (grpc, kafka, topology, stop, task) = serve_kafka_in(storage.clone(), ghost).await;
+    let group = testkit::auth::id_owned_by(&topology, 1);
+    let group = group.as_str();
+    let client = eventually("the coordinator answers", || async {
+        proto::transaction_coordinator_client::TransactionCoordinatorClient::connect(format!(
+            "http://{grpc}"
+        ))
+        .await
+        .ok()
+    })
+    .await;
+    let marker = |epoch: i32, offset: i64| {
+        let mut request = proto::WriteGroupOffsetMarkerRequest {
+            group_id: group.to_string(),
+            producer_id: 1000,
+            producer_epoch: epoch,
+            result: proto::TxnResult::Commit as i32,
+            offsets: vec![proto::PartitionOffset {
+                topic: "input".into(),
+                partition: 0,
+                offset,
+            }],
+            coordinator_id: 7,
+            coordinator_generation: 3,
+            transactional_id: testkit::auth::id_owned_by(&topology, 7),
+            auth: None,
+            transaction_version: 2,
+            transaction_number: 0,
+        };
+        testkit::auth::sign(&topology, 7, &mut request);
+        request
+    };
+    let send = |request| {
+        let mut client = client.clone();
+        async move {
+            let r = client.write_group_offset_marker(request).await;
+            r.unwrap().into_inner().error_code
+        }
+    };
+    let first =
+        eventually("the coordinator has loaded", || {
+            let answer = send(marker(5, 10));
+            async move {
+                Some(answer.await).filter(|c| *c != ErrorCode::CoordinatorLoadInProgress as i32)
+            }
+        })
+        .await;
+    assert_eq!(first, ErrorCode::None as i32);
+    assert_eq!(offset_fetch_v7(kafka, group, true).await, (0, (0, 10)));
+
+    assert_eq!(delete_groups(kafka, &[group]).await, [0]);
+    assert_eq!(offset_fetch_v7(kafka, group, true).await, (0, (0, -1)));
+    assert!(list_groups(kafka).await.is_empty());
+
+    // The same marker again: a repeat, nothing written.
+    assert_eq!(send(marker(5, 10)).await, ErrorCode::None as i32);
+    assert_eq!(offset_fetch_v7(kafka, group, true).await, (0, (0, -1)));
+    assert_eq!(
+        delete_groups(kafka, &[group]).await,
+        [69],
+        "GROUP_ID_NOT_FOUND"
+    );
+
+    // The PID's next transaction commits: the group has offsets again.
+    assert_eq!(send(marker(6, 20)).await, ErrorCode::None as i32);
+    assert_eq!(offset_fetch_v7(kafka, group, true).await, (0, (0, 20)));
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }

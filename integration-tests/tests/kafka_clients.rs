@@ -293,6 +293,37 @@ async fn kafka_python_admin_lists_and_describes_consumer_groups() {
     cluster.shutdown().await.unwrap();
 }
 
+/// DeleteGroups and offset resets with librdkafka's AdminClient, as an operator uses them:
+/// a group with a member is NON_EMPTY_GROUP and its offsets cannot be altered from outside;
+/// once empty its offsets are reset and the next member starts from them; then the group is
+/// deleted (not listed, described Dead, no offsets) and an unknown group is GROUP_ID_NOT_FOUND.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_admin_resets_offsets_and_deletes_a_consumer_group() {
+    let Some(python) = python().await else { return };
+    let cluster = group_cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "groups_delete_confluent.py", &bootstrap, &[]).await;
+    assert_eq!(report["listed_after"], false, "{report}");
+    assert_eq!(report["state"], "ConsumerGroupState.DEAD", "{report}");
+    assert_eq!(report["offset_after"], -1001, "no offset: {report}");
+    cluster.shutdown().await.unwrap();
+}
+
+/// OffsetDelete and DeleteGroups with kafka-python's KafkaAdminClient: a member's subscribed
+/// topic keeps its offsets (GROUP_SUBSCRIBED_TO_TOPIC) while another topic's are deleted, a
+/// group with a member is NON_EMPTY_GROUP; a group known only by its offsets is listed Empty,
+/// deleted, and then GROUP_ID_NOT_FOUND.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_python_admin_deletes_offsets_and_groups() {
+    let Some(python) = python().await else { return };
+    let cluster = group_cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "groups_delete_kafka_python.py", &bootstrap, &[]).await;
+    assert_eq!(report["listed_after"], 0, "{report}");
+    assert_eq!(report["offset_after"], -1, "no offset: {report}");
+    cluster.shutdown().await.unwrap();
+}
+
 /// KIP-345 over the raw protocol: a static member replaced while its JoinGroup is parked gets
 /// FENCED_INSTANCE_ID there, not UNKNOWN_MEMBER_ID (which would make it rejoin as new and
 /// replace its replacement in turn).

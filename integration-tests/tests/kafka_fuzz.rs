@@ -362,6 +362,25 @@ fn requests(producer: (i64, i16)) -> Vec<(ApiKey, RequestKind)> {
     ));
     r.include_authorized_operations = true;
     out.push((ApiKey::DescribeGroups, RequestKind::DescribeGroups(r)));
+    // Deleting the live group (it has members: refused) and an unknown one; deleting the
+    // live group's offset of a partition it consumes and of one that does not exist.
+    let mut r = DeleteGroupsRequest::default();
+    r.groups_names = vec![group(), GroupId(s("no-such-group"))];
+    out.push((ApiKey::DeleteGroups, RequestKind::DeleteGroups(r)));
+    let mut r = OffsetDeleteRequest::default();
+    r.group_id = group();
+    let mut t = offset_delete_request::OffsetDeleteRequestTopic::default();
+    t.name = TopicName(s("input"));
+    t.partitions = [0, 99]
+        .into_iter()
+        .map(|i| {
+            let mut p = offset_delete_request::OffsetDeleteRequestPartition::default();
+            p.partition_index = i;
+            p
+        })
+        .collect();
+    r.topics = vec![t];
+    out.push((ApiKey::OffsetDelete, RequestKind::OffsetDelete(r)));
 
     for (producer, transactional) in [(Some(producer), true), (None, false)] {
         let mut p = produce_request::PartitionProduceData::default();

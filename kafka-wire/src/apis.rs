@@ -69,6 +69,8 @@ pub const COORDINATOR_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::LeaveGroup, 0, 4),
     ApiRange::new(ApiKey::ListGroups, 0, 4),
     ApiRange::new(ApiKey::DescribeGroups, 0, 5),
+    ApiRange::new(ApiKey::DeleteGroups, 0, 2),
+    ApiRange::new(ApiKey::OffsetDelete, 0, 0),
 ];
 
 /// The APIs one table holds.
@@ -168,6 +170,6 @@ mod tests {
             let valid = api.key.valid_versions();
             assert!(api.min >= valid.min && api.max <= valid.max, "{api:?}");
         }
-        assert_eq!(table.apis().len(), 3 + 5 + 15 - 1);
+        assert_eq!(table.apis().len(), 3 + 5 + 17 - 1);
     }
 }

@@ -2,12 +2,14 @@
 //! partition's leader (NOT_LEADER_OR_FOLLOWER, per partition) or not the key's coordinator
 //! (NOT_COORDINATOR). Clients then refresh their metadata or find the coordinator again.
 //! ListTransactions and ListGroups on a node that coordinates nothing are empty lists, as on a
-//! Kafka broker without transaction state or group partitions.
+//! Kafka broker without transaction state or group partitions; DeleteGroups and OffsetDelete
+//! are NOT_COORDINATOR.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
 };
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::describe_producers_response::{
     PartitionResponse as DescribePartition, TopicResponse as DescribeTopic,
 };
@@ -34,6 +36,7 @@ use kafka_protocol::messages::{
     OffsetFetchResponse, ProduceResponse, ProducerId, RequestKind, ResponseKind, SyncGroupResponse,
     TxnOffsetCommitResponse,
 };
+use kafka_protocol::messages::{DeleteGroupsResponse, OffsetDeleteResponse};
 
 /// The refusal of `request` (at `version`) by a node of the other role; `None` for a request
 /// that gets no response (Produce with acks=0) or that no role serves.
@@ -315,6 +318,25 @@ pub fn not_served_here(request: &RequestKind, version: i16) -> Option<ResponseKi
                 .collect();
             ResponseKind::DescribeGroups(response)
         }
+        RequestKind::DeleteGroups(r) => {
+            let mut response = DeleteGroupsResponse::default();
+            response.results = r
+                .groups_names
+                .iter()
+                .map(|g| {
+                    let mut out = DeletableGroupResult::default();
+                    out.group_id = g.clone();
+                    out.error_code = not_coordinator;
+                    out
+                })
+                .collect();
+            ResponseKind::DeleteGroups(response)
+        }
+        RequestKind::OffsetDelete(_) => {
+            let mut response = OffsetDeleteResponse::default();
+            response.error_code = not_coordinator;
+            ResponseKind::OffsetDelete(response)
+        }
         _ => return None,
     })
 }
@@ -357,6 +379,12 @@ mod tests {
             ApiKey::Heartbeat => RequestKind::Heartbeat(Default::default()),
             ApiKey::LeaveGroup => RequestKind::LeaveGroup(Default::default()),
             ApiKey::ListGroups => RequestKind::ListGroups(Default::default()),
+            ApiKey::DeleteGroups => {
+                let mut r = kafka_protocol::messages::DeleteGroupsRequest::default();
+                r.groups_names.push(GroupId(crate::str_bytes("g")));
+                RequestKind::DeleteGroups(r)
+            }
+            ApiKey::OffsetDelete => RequestKind::OffsetDelete(Default::default()),
             ApiKey::DescribeGroups => {
                 let mut r = DescribeGroupsRequest::default();
                 r.groups.push(GroupId(crate::str_bytes("g")));

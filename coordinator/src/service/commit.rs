@@ -518,6 +518,16 @@ mod tests {
         fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
             self.inner.group_offsets(group)
         }
+        fn delete_group_offsets(
+            &self,
+            group: &str,
+            partitions: &[cluster::TopicPartition],
+        ) -> Result<(), StorageError> {
+            self.inner.delete_group_offsets(group, partitions)
+        }
+        fn offset_groups(&self) -> Result<Vec<String>, StorageError> {
+            self.inner.offset_groups()
+        }
         fn flush(&self) -> Result<(), StorageError> {
             Ok(())
         }

@@ -6,13 +6,14 @@
 //! membership first). The only room that writes `__consumer_offsets` and
 //! `__group_marker_state`.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use cluster::node::lock;
 use cluster::TopicPartition;
 use proto::transaction_coordinator_client::TransactionCoordinatorClient;
 use proto::ErrorCode;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{wire, Shared};
 use crate::core::{self, GroupMarker};
@@ -345,6 +346,55 @@ impl Shared {
         self.blocking(move |st| st.commit_group_offsets(&group, &checked))
             .await?;
         Ok(())
+    }
+
+    /// Kafka's DeleteGroups and OffsetDelete: deletes, durably, the committed offsets of
+    /// `group` that `decide` returns along with its answer, given the group's committed
+    /// partitions and those a transaction has offsets pending for. Under the group's lock
+    /// (markers and plain commits wait) with the pending entries held still (`pending_writes`
+    /// exclusively: no TxnOffsetCommit records one meanwhile), so what `decide` saw is what
+    /// is deleted (see [`crate::group_admin`]). The group's marker fences stay.
+    pub(super) async fn delete_group_offsets<T>(
+        &self,
+        group: String,
+        decide: impl FnOnce(&BTreeSet<TopicPartition>, &[TopicPartition]) -> (Vec<TopicPartition>, T),
+    ) -> Result<T, Error> {
+        self.check_owner(&group)?;
+        let _guard = self.groups.lock(&group).await;
+        let _pending = self.pending_writes.write(&group).await;
+        let pending = lock(&self.pending_txn_offsets).pending_partitions(
+            &group,
+            cluster::node::now_ms(),
+            self.max_pending_age_ms(),
+        );
+        let g = group.clone();
+        let committed: BTreeSet<TopicPartition> = self
+            .blocking(move |st| st.group_offsets(&g))
+            .await?
+            .into_keys()
+            .collect();
+        let (delete, answer) = decide(&committed, &pending);
+        let delete: Vec<TopicPartition> = delete
+            .into_iter()
+            .filter(|tp| committed.contains(tp))
+            .collect();
+        if !delete.is_empty() {
+            let count = delete.len();
+            let g = group.clone();
+            self.blocking(move |st| st.delete_group_offsets(&g, &delete))
+                .await?;
+            info!(%group, offsets = count, "committed offsets deleted");
+        }
+        Ok(answer)
+    }
+
+    /// The groups with committed offsets that this node coordinates.
+    pub(super) async fn offset_groups(&self) -> Result<Vec<String>, Error> {
+        let groups = self.blocking(|st| st.offset_groups()).await?;
+        Ok(groups
+            .into_iter()
+            .filter(|g| self.check_owner(g).is_ok())
+            .collect())
     }
 
     /// OffsetFetch: the committed offsets of `group` for `partitions` (-1 where none), or all of

@@ -135,6 +135,24 @@ impl LocalService {
         self.shared.offset_commit(group, offsets).await
     }
 
+    /// Deletes committed offsets of `group` as `decide` chooses (DeleteGroups, OffsetDelete;
+    /// see `Shared`'s `delete_group_offsets`): `decide`'s answer once the deletion is durable.
+    pub(crate) async fn delete_group_offsets<T>(
+        &self,
+        group: String,
+        decide: impl FnOnce(
+            &std::collections::BTreeSet<cluster::TopicPartition>,
+            &[cluster::TopicPartition],
+        ) -> (Vec<cluster::TopicPartition>, T),
+    ) -> Result<T, Error> {
+        self.shared.delete_group_offsets(group, decide).await
+    }
+
+    /// The groups with committed offsets that this node coordinates.
+    pub(crate) async fn offset_groups(&self) -> Result<Vec<String>, Error> {
+        self.shared.offset_groups().await
+    }
+
     /// ListTransactions, as the gRPC handler answers it.
     pub(crate) async fn list_transactions(
         &self,
