@@ -61,6 +61,54 @@ async fn run_script(python: &Path, script: &str, bootstrap: &str, args: &[&str])
         .unwrap_or_else(|e| panic!("{script}: last line is not JSON ({e}): {stdout}\n{stderr}"))
 }
 
+/// Records come back as sent: Kafka's null key and null value (a tombstone) are kept apart from
+/// empty ones, and headers that repeat a key are all kept, in order. Records librdkafka
+/// produced come back so to librdkafka and kafka-python, and our gRPC consumer sees the same
+/// nulls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn null_and_empty_keys_values_and_repeated_headers_reach_consumers_as_sent() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "fidelity.py", &bootstrap, &["input", "1"]).await;
+    let sent = serde_json::json!([
+        [null, null],
+        ["", ""],
+        ["k", null],
+        [null, "v"],
+        ["", null],
+        [null, ""]
+    ]);
+    assert_eq!(report["confluent"], sent, "{report}");
+    assert_eq!(report["kafka_python"], sent, "{report}");
+    assert_eq!(report["headers"], 3, "{report}");
+    integration_tests::wait_settled(&cluster, "input").await;
+    let mut ours = producer_client::Consumer::new(config(&cluster), Isolation::ReadCommitted)
+        .expect("consumer");
+    ours.assign_topics(&["input"]).await.expect("assign");
+    let read = ours
+        .read_to_end(Duration::from_secs(20))
+        .await
+        .expect("read to end");
+    let nulls: Vec<(bool, bool, &[u8], &[u8])> = read
+        .iter()
+        .map(|r| (r.null_key, r.null_value, &r.key[..], &r.value[..]))
+        .collect();
+    assert_eq!(
+        nulls,
+        [
+            (true, true, &b""[..], &b""[..]),
+            (false, false, b"", b""),
+            (false, true, b"k", b""),
+            (true, false, b"", b"v"),
+            (false, true, b"", b""),
+            (true, false, b"", b""),
+        ],
+        "our gRPC consumer"
+    );
+    cluster.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_transactions_commit_and_abort_across_partitions() {
     let Some(python) = python().await else { return };

@@ -62,7 +62,9 @@ fn records(n: usize, seq: i64) -> Vec<proto::Record> {
     (0..n)
         .map(|i| proto::Record {
             key: (seq + i as i64).to_be_bytes().to_vec(),
+            null_key: false,
             value: vec![b'x'; RECORD],
+            null_value: false,
             timestamp_ms: 1,
             headers: Vec::new(),
         })
@@ -202,7 +204,9 @@ impl Row {
                                 producer_epoch: 0,
                                 is_transactional: false,
                                 key: offset.to_be_bytes().to_vec(),
+                                null_key: false,
                                 value: vec![b'x'; RECORD],
+                                null_value: false,
                                 timestamp_ms: 1,
                                 headers: Vec::new(),
                             })

@@ -27,11 +27,12 @@
 //!   (any one hands out idempotent PIDs). With one: NOT_COORDINATOR (clients ask the
 //!   transaction coordinator, which FindCoordinator names).
 //!
-//! Record headers are stored with the record and served back in order (the gRPC Fetch returns
-//! them too); `kafka-protocol` holds a record's headers in a map, so two headers with the same
-//! key keep only the last one.
+//! Record headers are stored with the record and served back in order, a key repeated as often
+//! as it was sent (the gRPC Fetch returns them too; the vendored `kafka-protocol` keeps them as
+//! a list). A null key or value (a tombstone) is stored as null, apart from an empty one, and
+//! comes back null.
 //!
-//! CAVEATS: a null key or value is stored as empty and comes back empty; the batch
+//! CAVEATS: the batch
 //! boundaries, sequence numbers and timestamps type of what a client sent are not kept (Fetch
 //! rebuilds batches, with `CreateTime`); lz4 and zstd batches are UNSUPPORTED_COMPRESSION_TYPE.
 //! A gzip or snappy batch is inflated to at most twice the batch limit plus 1 MiB
@@ -212,7 +213,9 @@ fn decode_batch(
             .iter()
             .map(|r| proto::Record {
                 key: r.key.as_ref().map(|k| k.to_vec()).unwrap_or_default(),
+                null_key: r.key.is_none(),
                 value: r.value.as_ref().map(|v| v.to_vec()).unwrap_or_default(),
+                null_value: r.value.is_none(),
                 timestamp_ms: r.timestamp,
                 headers: r
                     .headers
@@ -688,8 +691,8 @@ fn kafka_record(offset: i64, entry: &LogEntry, sequence: i32) -> KafkaRecord {
                 d.is_transactional,
                 false,
                 d.timestamp_ms,
-                Bytes::from(d.key.clone()),
-                Bytes::from(d.value.clone()),
+                (!d.null_key).then(|| Bytes::from(d.key.clone())),
+                (!d.null_value).then(|| Bytes::from(d.value.clone())),
             )
         }
         LogEntry::Control(c) => {
@@ -708,8 +711,8 @@ fn kafka_record(offset: i64, entry: &LogEntry, sequence: i32) -> KafkaRecord {
                 true,
                 true,
                 c.timestamp_ms,
-                key.freeze(),
-                value.freeze(),
+                Some(key.freeze()),
+                Some(value.freeze()),
             )
         }
     };
@@ -724,8 +727,8 @@ fn kafka_record(offset: i64, entry: &LogEntry, sequence: i32) -> KafkaRecord {
         offset,
         sequence,
         timestamp,
-        key: Some(key),
-        value: Some(value),
+        key,
+        value,
         headers: Default::default(),
     };
     record.headers.extend(headers);
@@ -801,7 +804,9 @@ mod tests {
             producer_epoch: epoch,
             is_transactional: txn,
             key: key.as_bytes().to_vec(),
+            null_key: false,
             value: format!("v-{key}").into_bytes(),
+            null_value: false,
             timestamp_ms: 1_700_000_000_000,
             headers: Vec::new(),
         })
@@ -848,17 +853,17 @@ mod tests {
         let LogEntry::Data(mut d) = data(1, 0, false, "k") else {
             unreachable!()
         };
+        let header = |key: &str, value: Option<&[u8]>| crate::core::Header {
+            key: key.into(),
+            value: value.map(<[u8]>::to_vec),
+        };
         d.headers = vec![
-            crate::core::Header {
-                key: "b".into(),
-                value: Some(b"2".to_vec()),
-            },
-            crate::core::Header {
-                key: "a".into(),
-                value: None,
-            },
+            header("b", Some(b"2")),
+            header("a", None),
+            header("b", Some(b"3")),
         ];
-        let mut bytes = encode_entries(&[(0, LogEntry::Data(d))]).unwrap();
+        let encoded = encode_entries(&[(0, LogEntry::Data(d.clone()))]).unwrap();
+        let mut bytes = encoded.clone();
         let sets = RecordBatchDecoder::decode_all(&mut bytes).unwrap();
         let headers: Vec<(String, Option<Bytes>)> = sets[0].records[0]
             .headers
@@ -869,9 +874,20 @@ mod tests {
             headers,
             vec![
                 ("b".into(), Some(Bytes::from_static(b"2"))),
-                ("a".into(), None)
+                ("a".into(), None),
+                ("b".into(), Some(Bytes::from_static(b"3"))),
             ]
         );
+        // Produced with a repeated key: every header reaches the leader, in order.
+        let grpc = decode_batch("t", 0, None, Some(encoded), LIMIT).unwrap();
+        let produced: Vec<(String, Option<Vec<u8>>)> = grpc.batch.unwrap().records[0]
+            .headers
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect();
+        let stored: Vec<(String, Option<Vec<u8>>)> =
+            d.headers.into_iter().map(|h| (h.key, h.value)).collect();
+        assert_eq!(produced, stored);
     }
 
     #[test]
@@ -1077,13 +1093,62 @@ mod tests {
         }
     }
 
+    /// A null key and a null value (a tombstone) go through the leader as nulls, an empty key
+    /// and value as empty ones: produced, stored and fetched, Kafka's distinction survives.
+    #[test]
+    fn null_and_empty_keys_and_values_survive_produce_and_fetch() {
+        type KeyValue<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+        let kinds: [KeyValue<'_>; 4] = [
+            (None, None),
+            (Some(b""), Some(b"")),
+            (Some(b"k"), None),
+            (None, Some(b"v")),
+        ];
+        let sent: Vec<KafkaRecord> = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, (key, value))| {
+                let mut r = kafka_record(i as i64, &data(9, 2, false, "x"), i as i32);
+                r.offset = i as i64;
+                r.key = key.map(Bytes::copy_from_slice);
+                r.value = value.map(Bytes::copy_from_slice);
+                r
+            })
+            .collect();
+        let batch = encoded(&sent, Compression::None);
+        let grpc = decode_batch("t", 0, None, Some(batch.freeze()), LIMIT).unwrap();
+        let records = grpc.batch.unwrap().records;
+        let flags: Vec<(bool, bool)> = records.iter().map(|r| (r.null_key, r.null_value)).collect();
+        assert_eq!(
+            flags,
+            [(true, true), (false, false), (false, true), (true, false)]
+        );
+        // Stored as the core keeps them, then encoded for a Fetch: the same nulls come back.
+        for (i, (r, (key, value))) in records.into_iter().zip(kinds).enumerate() {
+            let entry = LogEntry::Data(DataRecord {
+                producer_id: 9,
+                producer_epoch: 2,
+                is_transactional: false,
+                key: r.key,
+                null_key: r.null_key,
+                value: r.value,
+                null_value: r.null_value,
+                timestamp_ms: 1,
+                headers: Vec::new(),
+            });
+            let fetched = kafka_record(i as i64, &entry, 0);
+            assert_eq!(fetched.key.as_deref(), key, "record {i}");
+            assert_eq!(fetched.value.as_deref(), value, "record {i}");
+        }
+    }
+
     #[test]
     fn produce_batches_decode_into_the_grpc_shape_or_a_kafka_error() {
         let records: Vec<KafkaRecord> = (0..3)
             .map(|i| {
                 let mut r = kafka_record(i, &data(9, 2, true, &format!("k{i}")), 5 + i as i32);
                 r.offset = i;
-                r.headers.insert(str_bytes("h"), None);
+                r.headers.push((str_bytes("h"), None));
                 r
             })
             .collect();

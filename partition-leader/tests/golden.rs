@@ -80,7 +80,9 @@ impl Runner for Leader {
                     records: (0..get("n"))
                         .map(|_| Record {
                             key: vec![],
+                            null_key: false,
                             value: vec![1],
+                            null_value: false,
                             timestamp_ms: 0,
                             headers: Vec::new(),
                         })

@@ -17,7 +17,9 @@ fn settings() -> Settings {
 fn rec(i: u32) -> Record {
     Record {
         key: vec![],
+        null_key: false,
         value: format!("v{i:04}").into_bytes(),
+        null_value: false,
         timestamp_ms: 0,
         headers: vec![],
     }

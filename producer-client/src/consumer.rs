@@ -51,6 +51,10 @@ pub struct ConsumerRecord {
     pub key: Vec<u8>,
     /// Value.
     pub value: Vec<u8>,
+    /// Kafka's null key (`key` is then empty), as a Kafka client produced it.
+    pub null_key: bool,
+    /// Kafka's null value, a tombstone (`value` is then empty).
+    pub null_value: bool,
     /// Producer timestamp.
     pub timestamp_ms: i64,
     /// Writer's PID (-1 for a plain producer).
@@ -271,6 +275,8 @@ impl Consumer {
                         offset: r.offset,
                         key: r.key,
                         value: r.value,
+                        null_key: r.null_key,
+                        null_value: r.null_value,
                         timestamp_ms: r.timestamp_ms,
                         producer_id: r.producer_id,
                         producer_epoch: r.producer_epoch,

@@ -42,6 +42,8 @@ pub(crate) fn records(key: &[u8], values: Vec<Vec<u8>>) -> Vec<Record> {
             value,
             timestamp_ms,
             headers: Vec::new(),
+            null_key: false,
+            null_value: false,
         })
         .collect()
 }

@@ -96,7 +96,9 @@ pub fn batch(
             .iter()
             .map(|v| proto::Record {
                 key: key.to_vec(),
+                null_key: false,
                 value: v.as_bytes().to_vec(),
+                null_value: false,
                 timestamp_ms,
                 headers: Vec::new(),
             })

@@ -151,6 +151,10 @@ pub struct Record {
     pub key: Vec<u8>,
     /// Record value (may be empty).
     pub value: Vec<u8>,
+    /// Kafka's null key (`key` is then empty): kept apart from an empty key.
+    pub null_key: bool,
+    /// Kafka's null value, a tombstone (`value` is then empty): kept apart from an empty value.
+    pub null_value: bool,
     /// Producer timestamp; `< 0` means "none" and is replaced by the append time.
     pub timestamp_ms: i64,
     /// Headers, in order (Kafka clients' record headers; empty from our client).
@@ -264,6 +268,10 @@ pub struct DataRecord {
     pub key: Vec<u8>,
     /// Value.
     pub value: Vec<u8>,
+    /// Kafka's null key (`key` is then empty).
+    pub null_key: bool,
+    /// Kafka's null value (`value` is then empty).
+    pub null_value: bool,
     /// Timestamp (producer's, or append time).
     pub timestamp_ms: i64,
     /// Headers, in order.
@@ -316,7 +324,9 @@ pub fn data_entries(header: &BatchHeader, records: Vec<Record>, now_ms: i64) -> 
                 producer_epoch: header.epoch,
                 is_transactional: header.transactional,
                 key: r.key,
+                null_key: r.null_key,
                 value: r.value,
+                null_value: r.null_value,
                 timestamp_ms: if r.timestamp_ms < 0 {
                     now_ms
                 } else {

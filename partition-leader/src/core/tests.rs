@@ -17,7 +17,9 @@ fn batch(pid: i64, epoch: i32, seq: i32, n: usize, txn: bool) -> ProduceBatch {
         records: (0..n)
             .map(|i| Record {
                 key: vec![],
+                null_key: false,
                 value: vec![i as u8],
+                null_value: false,
                 timestamp_ms: 1,
                 headers: Vec::new(),
             })
@@ -439,7 +441,9 @@ fn lso_with_interleaved_transactions_of_several_pids() {
             producer_epoch: 0,
             is_transactional: true,
             key: vec![],
+            null_key: false,
             value: vec![],
+            null_value: false,
             timestamp_ms: 0,
             headers: Vec::new(),
         })
@@ -492,7 +496,9 @@ fn bad_batches_are_rejected_before_any_state() {
     let too_big_record = ProduceBatch {
         records: vec![Record {
             key: vec![0; 100],
+            null_key: false,
             value: vec![0; 157],
+            null_value: false,
             timestamp_ms: 0,
             headers: Vec::new(),
         }],
@@ -502,7 +508,9 @@ fn bad_batches_are_rejected_before_any_state() {
         records: (0..8)
             .map(|_| Record {
                 key: vec![],
+                null_key: false,
                 value: vec![0; 200],
+                null_value: false,
                 timestamp_ms: 0,
                 headers: Vec::new(),
             })
@@ -514,7 +522,9 @@ fn bad_batches_are_rejected_before_any_state() {
     let empty_headers = ProduceBatch {
         records: vec![Record {
             key: vec![],
+            null_key: false,
             value: vec![],
+            null_value: false,
             timestamp_ms: 0,
             headers: vec![
                 Header {
@@ -565,7 +575,9 @@ fn bad_batches_are_rejected_before_any_state() {
     let exact = ProduceBatch {
         records: vec![Record {
             key: vec![0; 56],
+            null_key: false,
             value: vec![0; 200],
+            null_value: false,
             timestamp_ms: 0,
             headers: Vec::new(),
         }],
@@ -595,13 +607,17 @@ fn timestamps_default_to_append_time() {
         vec![
             Record {
                 key: b"k".to_vec(),
+                null_key: false,
                 value: b"v".to_vec(),
+                null_value: false,
                 timestamp_ms: -1,
                 headers: Vec::new(),
             },
             Record {
                 key: vec![],
+                null_key: false,
                 value: vec![],
+                null_value: false,
                 timestamp_ms: 5,
                 headers: Vec::new(),
             },

@@ -130,6 +130,8 @@ fn read_visible(
                 offset,
                 key: d.key,
                 value: d.value,
+                null_key: d.null_key,
+                null_value: d.null_value,
                 timestamp_ms: d.timestamp_ms,
                 producer_id: d.producer_id,
                 producer_epoch: d.producer_epoch as i32,

@@ -280,7 +280,10 @@ fn batch_from_wire(batch: RecordBatch) -> ProduceBatch {
             .records
             .into_iter()
             .map(|r| Record {
+                // A null key or value carries no bytes.
+                null_key: r.null_key && r.key.is_empty(),
                 key: r.key,
+                null_value: r.null_value && r.value.is_empty(),
                 value: r.value,
                 timestamp_ms: r.timestamp_ms,
                 headers: r

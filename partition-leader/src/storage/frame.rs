@@ -191,7 +191,9 @@ mod tests {
                     producer_epoch: 1,
                     is_transactional: with_meta,
                     key: vec![i as u8],
+                    null_key: false,
                     value: vec![b'v'; 10 + i],
+                    null_value: false,
                     timestamp_ms: 9,
                     headers: Vec::new(),
                 })

@@ -225,6 +225,20 @@ fn run_len(bytes: &[u8]) -> Result<i64> {
     Ok(u32::from_be_bytes(r.array()?) as i64)
 }
 
+/// The stored length of Kafka's null key or value: no bytes follow. A real key or value is
+/// never this long (batches are far smaller), so logs written before nulls were kept read the
+/// same.
+const NULL_LEN: u32 = u32::MAX;
+
+/// The stored length of a key or value.
+fn nullable_len(bytes: &[u8], null: bool) -> u32 {
+    if null {
+        NULL_LEN
+    } else {
+        bytes.len() as u32
+    }
+}
+
 fn encode_entry_into(entry: &LogEntry, out: &mut Vec<u8>) {
     match entry {
         LogEntry::Data(d) => {
@@ -237,9 +251,9 @@ fn encode_entry_into(entry: &LogEntry, out: &mut Vec<u8>) {
             out.extend_from_slice(&d.producer_epoch.to_be_bytes());
             out.push(d.is_transactional as u8);
             out.extend_from_slice(&d.timestamp_ms.to_be_bytes());
-            out.extend_from_slice(&(d.key.len() as u32).to_be_bytes());
+            out.extend_from_slice(&nullable_len(&d.key, d.null_key).to_be_bytes());
             out.extend_from_slice(&d.key);
-            out.extend_from_slice(&(d.value.len() as u32).to_be_bytes());
+            out.extend_from_slice(&nullable_len(&d.value, d.null_value).to_be_bytes());
             out.extend_from_slice(&d.value);
             if !d.headers.is_empty() {
                 out.extend_from_slice(&(d.headers.len() as u32).to_be_bytes());
@@ -296,6 +310,15 @@ impl<'a> Reader<'a> {
     fn bytes(&mut self) -> Result<Vec<u8>> {
         Ok(self.bytes_ref()?.to_vec())
     }
+    /// A key or value: its bytes, and whether it is Kafka's null ([`NULL_LEN`], no bytes).
+    fn nullable_bytes(&mut self) -> Result<(Vec<u8>, bool)> {
+        let len: [u8; 4] = self.array()?;
+        if u32::from_be_bytes(len) == NULL_LEN {
+            return Ok((Vec::new(), true));
+        }
+        let len = u32::from_be_bytes(len) as usize;
+        Ok((self.take(len)?.to_vec(), false))
+    }
     fn bytes_ref(&mut self) -> Result<&'a [u8]> {
         let len = u32::from_be_bytes(self.array()?) as usize;
         self.take(len)
@@ -322,19 +345,29 @@ impl<'a> Reader<'a> {
 pub fn decode_entry(bytes: &[u8]) -> Result<LogEntry> {
     let mut r = Reader(bytes);
     let entry = match r.u8()? {
-        tag @ (TAG_DATA | TAG_DATA_WITH_HEADERS) => LogEntry::Data(DataRecord {
-            producer_id: i64::from_be_bytes(r.array()?),
-            producer_epoch: i16::from_be_bytes(r.array()?),
-            is_transactional: r.bool()?,
-            timestamp_ms: i64::from_be_bytes(r.array()?),
-            key: r.bytes()?,
-            value: r.bytes()?,
-            headers: if tag == TAG_DATA_WITH_HEADERS {
-                r.headers()?
-            } else {
-                Vec::new()
-            },
-        }),
+        tag @ (TAG_DATA | TAG_DATA_WITH_HEADERS) => {
+            let producer_id = i64::from_be_bytes(r.array()?);
+            let producer_epoch = i16::from_be_bytes(r.array()?);
+            let is_transactional = r.bool()?;
+            let timestamp_ms = i64::from_be_bytes(r.array()?);
+            let (key, null_key) = r.nullable_bytes()?;
+            let (value, null_value) = r.nullable_bytes()?;
+            LogEntry::Data(DataRecord {
+                producer_id,
+                producer_epoch,
+                is_transactional,
+                key,
+                value,
+                null_key,
+                null_value,
+                timestamp_ms,
+                headers: if tag == TAG_DATA_WITH_HEADERS {
+                    r.headers()?
+                } else {
+                    Vec::new()
+                },
+            })
+        }
         TAG_CONTROL => LogEntry::Control(ControlRecord {
             producer_id: i64::from_be_bytes(r.array()?),
             producer_epoch: i16::from_be_bytes(r.array()?),
@@ -538,7 +571,9 @@ mod tests {
             producer_epoch: 3,
             is_transactional: true,
             key: b"k".to_vec(),
+            null_key: false,
             value: value.to_vec(),
+            null_value: false,
             timestamp_ms: 1234,
             headers: Vec::new(),
         })
@@ -790,6 +825,41 @@ mod tests {
         let mut bad_bool = encode_entry(&control());
         bad_bool[11] = 2;
         assert!(decode_entry(&bad_bool).is_err());
+    }
+
+    /// Kafka's null key and null value (a tombstone) are kept apart from empty ones, and an
+    /// entry stored before nulls were kept (every length real) reads as it did.
+    #[test]
+    fn null_keys_and_values_are_kept_apart_from_empty_ones() {
+        let with = |null_key, null_value| {
+            let LogEntry::Data(mut d) = data(1, b"") else {
+                unreachable!()
+            };
+            d.key.clear();
+            (d.null_key, d.null_value) = (null_key, null_value);
+            LogEntry::Data(d)
+        };
+        let variants = [
+            with(false, false),
+            with(true, false),
+            with(false, true),
+            with(true, true),
+        ];
+        for e in &variants {
+            let bytes = encode_entry(e);
+            assert_eq!(&decode_entry(&bytes).unwrap(), e);
+            for cut in 0..bytes.len() {
+                assert!(decode_entry(&bytes[..cut]).is_err());
+            }
+        }
+        assert_eq!(decode_run(&encode_run(&variants)).unwrap(), variants);
+        // The stored bytes of a record with an empty key and value did not change.
+        let empty = encode_entry(&variants[0]);
+        assert_eq!(&empty[empty.len() - 8..], &[0; 8]);
+        // A null that claims bytes after it: trailing bytes, refused.
+        let mut forged = encode_entry(&variants[3]);
+        forged.push(0);
+        assert!(decode_entry(&forged).is_err());
     }
 
     #[test]

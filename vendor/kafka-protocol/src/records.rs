@@ -180,8 +180,9 @@ pub struct Record {
     pub key: Option<Bytes>,
     /// The payload of the record.
     pub value: Option<Bytes>,
-    /// Headers associated with the record's payload.
-    pub headers: IndexMap<StrBytes, Option<Bytes>>,
+    /// Headers associated with the record's payload, in order. mini-broker patch: a list, not a
+    /// map, since Kafka allows a key more than once and keeps every header.
+    pub headers: Vec<(StrBytes, Option<Bytes>)>,
 }
 
 const MAGIC_BYTE_OFFSET: usize = 16;
@@ -909,7 +910,7 @@ impl Record {
         let num_headers = num_headers as usize;
 
         // mini-broker patch: bounded by the bytes left, as for arrays.
-        let mut headers = IndexMap::with_capacity(num_headers.min(bytes::Buf::remaining(buf)));
+        let mut headers = Vec::with_capacity(num_headers.min(bytes::Buf::remaining(buf)));
         for _ in 0..num_headers {
             // Key len
             let key_len: i32 = types::VarInt.decode(buf)?;
@@ -932,7 +933,7 @@ impl Record {
                 Ordering::Greater => Some(buf.try_get_bytes(value_len as usize)?),
             };
 
-            headers.insert(key, value);
+            headers.push((key, value));
         }
 
         Ok(Self {
@@ -1045,8 +1046,9 @@ mod tests {
             Bytes::from("some-value"),
             record
                 .headers
-                // This relies on `impl Borrow<[u8]> for StrBytes`
-                .get("some-key".as_bytes())
+                .iter()
+                .find(|(k, _)| k.as_bytes() == b"some-key")
+                .map(|(_, v)| v)
                 .expect("key exists in headers")
                 .as_ref()
                 .expect("value is present")
