@@ -462,6 +462,10 @@ impl Handler for KafkaCoordinator {
         kafka_wire::apis::COORDINATOR_APIS.to_vec()
     }
 
+    fn broker_configs(&self) -> Vec<kafka_wire::configs::ConfigEntry> {
+        self.service.broker_configs()
+    }
+
     async fn handle(&self, request: Request) -> kafka_wire::Result<Option<ResponseKind>> {
         let version = request.version;
         let response = match request.body {

@@ -372,6 +372,48 @@ async fn kafka_python_admin_deletes_offsets_and_groups() {
     cluster.shutdown().await.unwrap();
 }
 
+/// DescribeConfigs with librdkafka's and kafka-python's admin clients: a topic's settings
+/// (no retention: -1), a coordinator's (its transaction and group settings, as started) and a
+/// leader's (its batch limit), each answered by that broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admin_clients_describe_topic_and_broker_configs() {
+    let Some(python) = python().await else { return };
+    let cluster = group_cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let coordinator = cluster.topology().coordinators[0].id.to_string();
+    let leader = cluster.topology().leaders[0].id.to_string();
+    let report = run_script(
+        &python,
+        "configs_admin.py",
+        &bootstrap,
+        &[&coordinator, &leader],
+    )
+    .await;
+    assert_eq!(report["topic"]["retention.ms"], "-1", "{report}");
+    assert_eq!(report["topic"]["cleanup.policy"], "delete", "{report}");
+    assert_eq!(
+        report["kafka_python_topic"]["retention.ms"], "-1",
+        "{report}"
+    );
+    let c = &report["coordinator"];
+    assert_eq!(c["broker.id"], coordinator.as_str(), "{report}");
+    assert_eq!(c["minibroker.role"], "coordinator", "{report}");
+    assert_eq!(
+        c["group.initial.rebalance.delay.ms"], "100",
+        "as started: {report}"
+    );
+    assert_eq!(c["transaction.max.timeout.ms"], "900000", "{report}");
+    let l = &report["leader"];
+    assert_eq!(l["minibroker.role"], "leader", "{report}");
+    assert!(
+        l["message.max.bytes"]
+            .as_str()
+            .is_some_and(|v| v.parse::<u64>().is_ok()),
+        "{report}"
+    );
+    cluster.shutdown().await.unwrap();
+}
+
 /// KIP-345 over the raw protocol: a static member replaced while its JoinGroup is parked gets
 /// FENCED_INSTANCE_ID there, not UNKNOWN_MEMBER_ID (which would make it rejoin as new and
 /// replace its replacement in turn).

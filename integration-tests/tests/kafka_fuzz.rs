@@ -226,6 +226,27 @@ fn requests(producer: (i64, i16)) -> Vec<(ApiKey, RequestKind)> {
     r.coordinator_keys = vec![s(TXN), s(GROUP)];
     out.push((ApiKey::FindCoordinator, RequestKind::FindCoordinator(r)));
 
+    // A topic, brokers (a node's own id, another, a name that is no id) with a key filter, and
+    // synonyms asked for; documentation too (version 3 on).
+    let mut r = DescribeConfigsRequest::default();
+    r.resources = [(2, "input"), (4, "1"), (4, "101"), (4, "x"), (8, "1")]
+        .into_iter()
+        .map(|(kind, name)| {
+            let mut resource = describe_configs_request::DescribeConfigsResource::default();
+            resource.resource_type = kind;
+            resource.resource_name = s(name);
+            resource.configuration_keys = (kind == 4).then(|| vec![s("broker.id")]);
+            resource
+        })
+        .collect();
+    r.include_synonyms = true;
+    out.push((
+        ApiKey::DescribeConfigs,
+        RequestKind::DescribeConfigs(r.clone()),
+    ));
+    r.include_documentation = true;
+    out.push((ApiKey::DescribeConfigs, RequestKind::DescribeConfigs(r)));
+
     // A new instance, the same instance recovering (KIP-360, version 3 on), and an idempotent
     // producer (no transactional id).
     let mut r = InitProducerIdRequest::default();

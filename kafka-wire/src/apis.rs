@@ -37,10 +37,12 @@ impl ApiRange {
 /// - ApiVersions 0-3 (3 is flexible; 4 only adds a client-side feature).
 /// - Metadata 0-9: 10 and later carry topic ids, which mini-broker does not have.
 /// - FindCoordinator 0-4: 4 is the batched form (KIP-699).
+/// - DescribeConfigs 1-4 (`kafka-protocol` has no v0; Kafka 4 dropped it too).
 pub const COMMON_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::ApiVersions, 0, 3),
     ApiRange::new(ApiKey::Metadata, 0, 9),
     ApiRange::new(ApiKey::FindCoordinator, 0, 4),
+    ApiRange::new(ApiKey::DescribeConfigs, 1, 4),
 ];
 
 /// Served by the partition leaders (`partition_leader::kafka` says why these versions).
@@ -154,7 +156,7 @@ mod tests {
             assert!(api.min >= valid.min && api.max <= valid.max, "{api:?}");
         }
         let response = table.api_versions(None);
-        assert_eq!(response.api_keys.len(), 4);
+        assert_eq!(response.api_keys.len(), COMMON_APIS.len() + 1);
         assert_eq!(response.error_code, 0);
     }
 
@@ -170,6 +172,6 @@ mod tests {
             let valid = api.key.valid_versions();
             assert!(api.min >= valid.min && api.max <= valid.max, "{api:?}");
         }
-        assert_eq!(table.apis().len(), 3 + 5 + 17 - 1);
+        assert_eq!(table.apis().len(), 4 + 5 + 17 - 1);
     }
 }

@@ -12,6 +12,7 @@
 //! - [`apis`]: the API/version table and ApiVersions.
 //! - [`metadata`]: Metadata and FindCoordinator, answered from the static [`cluster::Topology`]
 //!   (every node answers them the same way).
+//! - [`configs`]: DescribeConfigs, a topic's configuration and the node's own settings.
 //! - [`codes`]: mini-broker's wire error codes -> Kafka's error codes, in one table.
 //! - [`observe`]: what a response counts in the node's metrics (error codes, who was fenced).
 //! - [`refuse`]: the answers of a node of the other role (NOT_LEADER_OR_FOLLOWER,
@@ -22,7 +23,7 @@
 //! reads the frame, peeks api key and version, checks them against the cluster's [`apis::ApiTable`] (an
 //! unknown key or version closes the connection, except ApiVersions, which answers
 //! UNSUPPORTED_VERSION as Kafka does), decodes header and body with `kafka-protocol`, answers
-//! ApiVersions/Metadata/FindCoordinator itself and hands everything else to the node's
+//! ApiVersions/Metadata/FindCoordinator/DescribeConfigs itself and hands everything else to the node's
 //! [`Handler`], then encodes the response with the request's correlation id and writes it. The
 //! next request of the connection is read only after that (Kafka mutes a connection while one of
 //! its requests is in flight), so responses are in request order and pipelined requests simply
@@ -34,6 +35,7 @@
 
 pub mod apis;
 pub mod codes;
+pub mod configs;
 pub mod metadata;
 pub mod observe;
 pub mod refuse;

@@ -45,12 +45,19 @@ pub struct Request {
     pub peer: Option<std::net::SocketAddr>,
 }
 
-/// What a node answers on its Kafka face beyond ApiVersions, Metadata and FindCoordinator.
+/// What a node answers on its Kafka face beyond ApiVersions, Metadata, FindCoordinator and
+/// DescribeConfigs.
 pub trait Handler: Send + Sync + 'static {
     /// The APIs and versions this node answers itself ([`crate::apis::LEADER_APIS`] or
     /// [`crate::apis::COORDINATOR_APIS`]); the rest of the cluster's table is refused as a
     /// Kafka broker of the other role would ([`crate::refuse`]).
     fn apis(&self) -> Vec<ApiRange>;
+
+    /// This node's role's settings, as DescribeConfigs shows them for its BROKER resource
+    /// ([`crate::configs`]; every node adds what all nodes have).
+    fn broker_configs(&self) -> Vec<crate::configs::ConfigEntry> {
+        Vec::new()
+    }
 
     /// Answers one request (only ever called for an API and version from [`Handler::apis`]).
     /// `Ok(None)` sends no response (Produce with acks=0); `Err` closes the connection.
@@ -257,6 +264,15 @@ async fn answer<H: Handler>(
         ))),
         RequestKind::FindCoordinator(request) => Some(ResponseKind::FindCoordinator(
             metadata::find_coordinator(&config.topology, &request, version),
+        )),
+        RequestKind::DescribeConfigs(request) => Some(ResponseKind::DescribeConfigs(
+            crate::configs::describe_configs(
+                &config.topology,
+                config.node_id,
+                &shared.handler.broker_configs(),
+                &request,
+                version,
+            ),
         )),
         body if !shared.served.supports(api_key, version) => {
             debug!(api = ?api_key, version, correlation_id, "kafka request for the other role");

@@ -134,6 +134,10 @@ impl Handler for KafkaLeader {
         kafka_wire::apis::LEADER_APIS.to_vec()
     }
 
+    fn broker_configs(&self) -> Vec<kafka_wire::configs::ConfigEntry> {
+        self.service.broker_configs()
+    }
+
     async fn handle(&self, request: Request) -> kafka_wire::Result<Option<ResponseKind>> {
         let version = request.version;
         Ok(match request.body {

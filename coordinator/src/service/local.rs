@@ -153,6 +153,46 @@ impl LocalService {
         self.shared.offset_groups().await
     }
 
+    /// This coordinator's settings, as DescribeConfigs shows them for its BROKER resource
+    /// (Kafka's names).
+    pub(crate) fn broker_configs(&self) -> Vec<kafka_wire::configs::ConfigEntry> {
+        use kafka_wire::configs::{ConfigEntry, ConfigType::Int};
+        let config = &self.shared.config;
+        let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        vec![
+            ConfigEntry::new(
+                "transaction.max.timeout.ms",
+                config.max_transaction_timeout_ms,
+                Int,
+            ),
+            ConfigEntry::new(
+                "transactional.id.expiration.ms",
+                ms(config.transactional_id_expiration),
+                Int,
+            ),
+            ConfigEntry::new(
+                "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+                ms(config.timeout_scan_interval),
+                Int,
+            ),
+            ConfigEntry::new(
+                "group.initial.rebalance.delay.ms",
+                ms(config.group_initial_rebalance_delay),
+                Int,
+            ),
+            ConfigEntry::new(
+                "group.min.session.timeout.ms",
+                crate::consumer_groups::MIN_SESSION_TIMEOUT_MS,
+                Int,
+            ),
+            ConfigEntry::new(
+                "group.max.session.timeout.ms",
+                crate::consumer_groups::MAX_SESSION_TIMEOUT_MS,
+                Int,
+            ),
+        ]
+    }
+
     /// ListTransactions, as the gRPC handler answers it.
     pub(crate) async fn list_transactions(
         &self,

@@ -239,6 +239,25 @@ pub struct LeaderService {
 }
 
 impl LeaderService {
+    /// This leader's settings, as DescribeConfigs shows them for its BROKER resource (Kafka's
+    /// names): the batch limit and how long an idle producer's state is kept.
+    pub fn broker_configs(&self) -> Vec<kafka_wire::configs::ConfigEntry> {
+        use kafka_wire::configs::{ConfigEntry, ConfigType};
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        vec![
+            ConfigEntry::new(
+                "message.max.bytes",
+                self.inner.limits.max_batch_bytes,
+                ConfigType::Int,
+            ),
+            ConfigEntry::new(
+                "producer.id.expiration.ms",
+                ms(self.inner.producer_id_expiration),
+                ConfigType::Int,
+            ),
+        ]
+    }
+
     /// Loads every partition this node leads from `storage` (blocking I/O: call it from
     /// `spawn_blocking` or before the runtime is busy). Long polls end when `shutdown` turns true
     /// or its sender is dropped.
