@@ -1,6 +1,7 @@
 //! Group commit and waiting out Prepare*: a request that finds its id's markers outstanding
 //! waits for them instead of bouncing CONCURRENT_TRANSACTIONS, and a coordinator PROCESS killed
-//! (SIGKILL) right after acknowledging concurrent transitions finds all of them after restart.
+//! (SIGKILL) right after acknowledging concurrent transitions finds all of them after restart,
+//! and one killed right after acknowledging a group's or an offset's deletion keeps it deleted.
 
 mod common;
 
@@ -242,4 +243,50 @@ async fn sigkill_right_after_complete_keeps_every_commit() {
         // The producer's next transaction starts from the committed one.
         assert_eq!(t.init().await, (bumped.0, bumped.1 + 1), "{id}");
     }
+}
+
+/// DeleteGroups and OffsetDelete are durable when answered: a coordinator killed (SIGKILL, no
+/// clean stop) right after both answered has, after restart, neither the deleted group's
+/// offsets nor the deleted partition's, and keeps the rest.
+#[tokio::test]
+async fn sigkill_right_after_a_deletion_keeps_it_deleted() {
+    use testkit::kafka::{
+        committed_offsets, delete_groups, list_groups, offset_commit, offset_delete,
+    };
+    let leader = FakeLeader::default();
+    let (dir, addr) = killable_setup(&leader).await;
+    let kafka = testkit::process::free_address();
+    let extra = ["--kafka-listen", kafka.as_str()];
+    let kafka: std::net::SocketAddr = kafka.parse().unwrap();
+    let process =
+        spawn_coordinator_with_args(dir.path(), &addr, &dir.path().join("first.log"), &extra);
+    connect(&addr).await;
+    let all = [("t", 0, 5), ("t", 1, 6), ("t", 2, 7)];
+    for group in ["deleted", "trimmed", "kept"] {
+        assert_eq!(offset_commit(kafka, group, &all).await, [0, 0, 0]);
+    }
+    assert_eq!(delete_groups(kafka, &["deleted"]).await, [0]);
+    assert_eq!(
+        offset_delete(kafka, "trimmed", &[("t", 1)]).await,
+        (0, vec![0])
+    );
+    // At once: no clean stop, no flush at shutdown.
+    process.kill();
+
+    let _process =
+        spawn_coordinator_with_args(dir.path(), &addr, &dir.path().join("second.log"), &extra);
+    connect(&addr).await;
+    let offsets = |group| committed_offsets(kafka, group);
+    assert!(offsets("deleted").await.is_empty());
+    assert_eq!(
+        offsets("trimmed").await,
+        [("t".to_string(), 0, 5), ("t".to_string(), 2, 7)]
+    );
+    assert_eq!(offsets("kept").await.len(), 3);
+    let listed: Vec<String> = list_groups(kafka)
+        .await
+        .into_iter()
+        .map(|(g, _)| g)
+        .collect();
+    assert_eq!(listed, ["kept", "trimmed"]);
 }

@@ -12,6 +12,7 @@ use common::*;
 use coordinator::core::{GroupMarkerFence, GroupMarkerWrite, PendingOffsets, TxnMetadata};
 use coordinator::storage::{MemoryStorage, Snapshot, Storage, StorageError};
 use proto::{ErrorCode, TxnState};
+use testkit::kafka::{delete_groups, list_groups, offset_delete};
 
 /// Memory storage whose `load` waits for a gate and whose writes can be made to fail.
 #[derive(Default)]
@@ -1058,83 +1059,6 @@ async fn describe_groups_answers_bad_and_unknown_groups_each_and_creates_none() 
     task.await.unwrap().unwrap();
 }
 
-/// DeleteGroups of `groups` over the Kafka face: each group's error code.
-async fn delete_groups(kafka: std::net::SocketAddr, groups: &[&str]) -> Vec<i16> {
-    use kafka_protocol::messages::{
-        ApiKey, DeleteGroupsRequest, GroupId, RequestKind, ResponseKind,
-    };
-    let mut r = DeleteGroupsRequest::default();
-    r.groups_names = groups
-        .iter()
-        .map(|g| GroupId(kafka_wire::str_bytes(*g)))
-        .collect();
-    let ResponseKind::DeleteGroups(d) =
-        testkit::kafka::call(kafka, ApiKey::DeleteGroups, 2, RequestKind::DeleteGroups(r)).await
-    else {
-        panic!("DeleteGroups response")
-    };
-    d.results.iter().map(|g| g.error_code).collect()
-}
-
-/// OffsetDelete of `partitions` of `group` over the Kafka face: the group's error code and
-/// each partition's.
-async fn offset_delete(
-    kafka: std::net::SocketAddr,
-    group: &str,
-    partitions: &[(&str, i32)],
-) -> (i16, Vec<i16>) {
-    use kafka_protocol::messages::offset_delete_request::{
-        OffsetDeleteRequestPartition, OffsetDeleteRequestTopic,
-    };
-    use kafka_protocol::messages::{
-        ApiKey, GroupId, OffsetDeleteRequest, RequestKind, ResponseKind, TopicName,
-    };
-    let mut r = OffsetDeleteRequest::default();
-    r.group_id = GroupId(kafka_wire::str_bytes(group));
-    r.topics = partitions
-        .iter()
-        .map(|(topic, partition)| {
-            let mut t = OffsetDeleteRequestTopic::default();
-            t.name = TopicName(kafka_wire::str_bytes(*topic));
-            let mut p = OffsetDeleteRequestPartition::default();
-            p.partition_index = *partition;
-            t.partitions = vec![p];
-            t
-        })
-        .collect();
-    let ResponseKind::OffsetDelete(d) =
-        testkit::kafka::call(kafka, ApiKey::OffsetDelete, 0, RequestKind::OffsetDelete(r)).await
-    else {
-        panic!("OffsetDelete response")
-    };
-    let codes = d
-        .topics
-        .iter()
-        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
-        .collect();
-    (d.error_code, codes)
-}
-
-/// ListGroups over the Kafka face: (group, state) of each.
-async fn list_groups(kafka: std::net::SocketAddr) -> Vec<(String, String)> {
-    use kafka_protocol::messages::{ApiKey, ListGroupsRequest, RequestKind, ResponseKind};
-    let ResponseKind::ListGroups(l) = testkit::kafka::call(
-        kafka,
-        ApiKey::ListGroups,
-        4,
-        RequestKind::ListGroups(ListGroupsRequest::default()),
-    )
-    .await
-    else {
-        panic!("ListGroups response")
-    };
-    assert_eq!(l.error_code, 0);
-    l.groups
-        .iter()
-        .map(|g| (g.group_id.0.to_string(), g.group_state.to_string()))
-        .collect()
-}
-
 /// A group whose offsets a transaction has pending (its TxnOffsetCommit accepted, its marker
 /// not applied) is in use: DeleteGroups is NON_EMPTY_GROUP and OffsetDelete
 /// CONCURRENT_TRANSACTIONS for the partition, and nothing is deleted, so the transaction's
@@ -1274,6 +1198,62 @@ async fn deleted_offsets_stay_deleted_when_their_marker_comes_again() {
     // The PID's next transaction commits: the group has offsets again.
     assert_eq!(send(marker(6, 20)).await, ErrorCode::None as i32);
     assert_eq!(offset_fetch_v7(kafka, group, true).await, (0, (0, 20)));
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// DeleteGroups racing a TxnOffsetCommit whose pending offsets are being written: the deletion
+/// waits for that write (it needs the pending entries held still) and then finds them, so it is
+/// NON_EMPTY_GROUP and deletes nothing; it never deletes between the commit's acceptance and
+/// its pending record, which would let the transaction's COMMIT bring the offsets back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_racing_a_txn_offset_commit_waits_for_its_pending_record() {
+    use testkit::kafka::{offset_fetch_v7, OffsetTxn};
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    let (_, kafka, stop, task) = serve_kafka(storage.clone(), "").await;
+    let group = "racing-group";
+    eventually("the coordinator has loaded", || async {
+        (delete_groups(kafka, &[group]).await != [14]).then_some(())
+    })
+    .await;
+    // The group has a committed offset (a first transaction), so there is something to delete.
+    let t = OffsetTxn::init(kafka, kafka, "racing-txn", group).await;
+    t.add_offsets().await;
+    assert_eq!(t.commit_offset("", -1, 3).await, 0);
+    t.end(true).await;
+    eventually("the first marker is applied", || async {
+        (offset_fetch_v7(kafka, group, true).await == (0, (0, 3))).then_some(())
+    })
+    .await;
+
+    t.add_offsets().await;
+    storage.hold_next_pending_put.store(true, Ordering::SeqCst);
+    let commit = {
+        let t = OffsetTxn { ..t };
+        tokio::spawn(async move { t.commit_offset("", -1, 7).await })
+    };
+    eventually("the commit is recording its pending offsets", || async {
+        storage
+            .pending_put_held
+            .load(Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    let deletion = tokio::spawn(async move { delete_groups(kafka, &[group]).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !deletion.is_finished(),
+        "the deletion waits for the pending record"
+    );
+    storage.release_pending_put();
+    assert_eq!(commit.await.unwrap(), 0);
+    assert_eq!(deletion.await.unwrap(), [68], "NON_EMPTY_GROUP");
+    assert_eq!(
+        offset_fetch_v7(kafka, group, false).await,
+        (0, (0, 3)),
+        "nothing deleted"
+    );
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }

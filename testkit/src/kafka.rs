@@ -231,3 +231,154 @@ pub fn sync_group_alone(group: &str, member: &str, generation: i32) -> RequestKi
     r.assignments = vec![a];
     RequestKind::SyncGroup(r)
 }
+
+/// DeleteGroups of `groups` over the Kafka face: each group's error code.
+pub async fn delete_groups(kafka: std::net::SocketAddr, groups: &[&str]) -> Vec<i16> {
+    use kafka_protocol::messages::{
+        ApiKey, DeleteGroupsRequest, GroupId, RequestKind, ResponseKind,
+    };
+    let mut r = DeleteGroupsRequest::default();
+    r.groups_names = groups.iter().map(|g| GroupId(str_bytes(g))).collect();
+    let ResponseKind::DeleteGroups(d) =
+        call(kafka, ApiKey::DeleteGroups, 2, RequestKind::DeleteGroups(r)).await
+    else {
+        panic!("DeleteGroups response")
+    };
+    d.results.iter().map(|g| g.error_code).collect()
+}
+
+/// OffsetDelete of `partitions` of `group` over the Kafka face: the group's error code and
+/// each partition's.
+pub async fn offset_delete(
+    kafka: std::net::SocketAddr,
+    group: &str,
+    partitions: &[(&str, i32)],
+) -> (i16, Vec<i16>) {
+    use kafka_protocol::messages::offset_delete_request::{
+        OffsetDeleteRequestPartition, OffsetDeleteRequestTopic,
+    };
+    use kafka_protocol::messages::{
+        ApiKey, GroupId, OffsetDeleteRequest, RequestKind, ResponseKind, TopicName,
+    };
+    let mut r = OffsetDeleteRequest::default();
+    r.group_id = GroupId(str_bytes(group));
+    r.topics = partitions
+        .iter()
+        .map(|(topic, partition)| {
+            let mut t = OffsetDeleteRequestTopic::default();
+            t.name = TopicName(str_bytes(topic));
+            let mut p = OffsetDeleteRequestPartition::default();
+            p.partition_index = *partition;
+            t.partitions = vec![p];
+            t
+        })
+        .collect();
+    let ResponseKind::OffsetDelete(d) =
+        call(kafka, ApiKey::OffsetDelete, 0, RequestKind::OffsetDelete(r)).await
+    else {
+        panic!("OffsetDelete response")
+    };
+    let codes = d
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
+        .collect();
+    (d.error_code, codes)
+}
+
+/// ListGroups over the Kafka face: (group, state) of each.
+pub async fn list_groups(kafka: std::net::SocketAddr) -> Vec<(String, String)> {
+    use kafka_protocol::messages::{ApiKey, ListGroupsRequest, RequestKind, ResponseKind};
+    let ResponseKind::ListGroups(l) = call(
+        kafka,
+        ApiKey::ListGroups,
+        4,
+        RequestKind::ListGroups(ListGroupsRequest::default()),
+    )
+    .await
+    else {
+        panic!("ListGroups response")
+    };
+    assert_eq!(l.error_code, 0);
+    l.groups
+        .iter()
+        .map(|g| (g.group_id.0.to_string(), g.group_state.to_string()))
+        .collect()
+}
+
+/// A plain OffsetCommit (v8, no member: as an admin client resets offsets) of `offsets` for
+/// `group`: each partition's error code.
+pub async fn offset_commit(
+    coordinator: std::net::SocketAddr,
+    group: &str,
+    offsets: &[(&str, i32, i64)],
+) -> Vec<i16> {
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{
+        ApiKey, GroupId, OffsetCommitRequest, RequestKind, ResponseKind, TopicName,
+    };
+    let mut r = OffsetCommitRequest::default();
+    r.group_id = GroupId(str_bytes(group));
+    r.generation_id_or_member_epoch = -1;
+    r.topics = offsets
+        .iter()
+        .map(|(topic, partition, offset)| {
+            let mut t = OffsetCommitRequestTopic::default();
+            t.name = TopicName(str_bytes(topic));
+            let mut p = OffsetCommitRequestPartition::default();
+            p.partition_index = *partition;
+            p.committed_offset = *offset;
+            t.partitions = vec![p];
+            t
+        })
+        .collect();
+    let ResponseKind::OffsetCommit(c) = call(
+        coordinator,
+        ApiKey::OffsetCommit,
+        8,
+        RequestKind::OffsetCommit(r),
+    )
+    .await
+    else {
+        panic!("OffsetCommit response")
+    };
+    c.topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
+        .collect()
+}
+
+/// OffsetFetch v7 of every committed offset of `group`: (topic, partition, offset), in order.
+pub async fn committed_offsets(
+    coordinator: std::net::SocketAddr,
+    group: &str,
+) -> Vec<(String, i32, i64)> {
+    use kafka_protocol::messages::*;
+    let mut f = OffsetFetchRequest::default();
+    f.group_id = GroupId(str_bytes(group));
+    f.topics = None;
+    let ResponseKind::OffsetFetch(r) = call(
+        coordinator,
+        ApiKey::OffsetFetch,
+        7,
+        RequestKind::OffsetFetch(f),
+    )
+    .await
+    else {
+        panic!("OffsetFetch response")
+    };
+    assert_eq!(r.error_code, 0);
+    let mut out: Vec<(String, i32, i64)> = r
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (t.name.0.to_string(), p.partition_index, p.committed_offset))
+        })
+        .collect();
+    out.sort();
+    out
+}
