@@ -414,6 +414,56 @@ async fn admin_clients_describe_topic_and_broker_configs() {
     cluster.shutdown().await.unwrap();
 }
 
+/// DeleteRecords with librdkafka's and kafka-python's admin clients: the low watermark moves,
+/// consumers from the earliest offset (or from a deleted one, after OFFSET_OUT_OF_RANGE) start
+/// there, a deletion past the high watermark is refused. The log start is durable: after the
+/// leader restarts, ListOffsets(earliest) still answers it, and our gRPC consumer, reading from
+/// 0, starts there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admin_clients_delete_records_and_readers_start_after_them() {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    use kafka_protocol::messages::*;
+    let Some(python) = python().await else { return };
+    let mut cluster = cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(&python, "delete_records.py", &bootstrap, &[]).await;
+    assert_eq!(report["low"], 4, "{report}");
+    assert_eq!(report["kafka_python_low"], 10, "{report}");
+    assert_eq!(report["earliest"], 10, "{report}");
+
+    let leader = cluster.topology().leader_for("input", 0).unwrap().id;
+    cluster.kill(leader).await.unwrap();
+    cluster.restart(leader).await.unwrap();
+    let address = cluster.kafka_address(leader).unwrap();
+    let earliest = testkit::poll::eventually_within(
+        Duration::from_secs(20),
+        "the leader is back",
+        || async move {
+            let mut t = ListOffsetsTopic::default();
+            t.name = TopicName(kafka_wire::str_bytes("input"));
+            let mut p = ListOffsetsPartition::default();
+            p.partition_index = 0;
+            p.timestamp = -2;
+            t.partitions = vec![p];
+            let mut r = ListOffsetsRequest::default();
+            r.replica_id = BrokerId(-1);
+            r.topics = vec![t];
+            let ResponseKind::ListOffsets(answer) =
+                kafka_call(address, ApiKey::ListOffsets, 7, RequestKind::ListOffsets(r)).await
+            else {
+                return None;
+            };
+            let p = &answer.topics[0].partitions[0];
+            (p.error_code == 0).then_some(p.offset)
+        },
+    )
+    .await;
+    assert_eq!(earliest, 10, "the log start survived the restart");
+    let ours = read_topic(&cluster, "input", Isolation::ReadUncommitted).await;
+    assert!(ours.get(&0).is_none_or(Vec::is_empty), "{ours:?}");
+    cluster.shutdown().await.unwrap();
+}
+
 /// KIP-345 over the raw protocol: a static member replaced while its JoinGroup is parked gets
 /// FENCED_INSTANCE_ID there, not UNKNOWN_MEMBER_ID (which would make it rejoin as new and
 /// replace its replacement in turn).

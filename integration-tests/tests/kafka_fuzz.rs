@@ -247,6 +247,24 @@ fn requests(producer: (i64, i16)) -> Vec<(ApiKey, RequestKind)> {
     r.include_documentation = true;
     out.push((ApiKey::DescribeConfigs, RequestKind::DescribeConfigs(r)));
 
+    // Deleting records of another topic than the one the fuzz checks: up to an offset, up to the
+    // high watermark (-1), and past it.
+    let mut r = DeleteRecordsRequest::default();
+    let mut t = delete_records_request::DeleteRecordsTopic::default();
+    t.name = TopicName(s("output"));
+    t.partitions = [(1, 0), (2, -1), (2, 1 << 40)]
+        .into_iter()
+        .map(|(partition, offset)| {
+            let mut p = delete_records_request::DeleteRecordsPartition::default();
+            p.partition_index = partition;
+            p.offset = offset;
+            p
+        })
+        .collect();
+    r.topics = vec![t];
+    r.timeout_ms = 1_000;
+    out.push((ApiKey::DeleteRecords, RequestKind::DeleteRecords(r)));
+
     // A new instance, the same instance recovering (KIP-360, version 3 on), and an idempotent
     // producer (no transactional id).
     let mut r = InitProducerIdRequest::default();

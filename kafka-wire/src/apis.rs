@@ -52,6 +52,7 @@ pub const LEADER_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::ListOffsets, 1, 7),
     ApiRange::new(ApiKey::DescribeProducers, 0, 0),
     ApiRange::new(ApiKey::InitProducerId, 0, 4),
+    ApiRange::new(ApiKey::DeleteRecords, 0, 2),
 ];
 
 /// Served by the coordinators (`coordinator::kafka` says why these versions).
@@ -172,6 +173,6 @@ mod tests {
             let valid = api.key.valid_versions();
             assert!(api.min >= valid.min && api.max <= valid.max, "{api:?}");
         }
-        assert_eq!(table.apis().len(), 4 + 5 + 17 - 1);
+        assert_eq!(table.apis().len(), 4 + 6 + 17 - 1);
     }
 }

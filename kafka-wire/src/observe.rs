@@ -138,6 +138,12 @@ pub fn error_codes(response: &ResponseKind) -> Vec<i16> {
         }
         ResponseKind::ListGroups(r) => codes.push(r.error_code),
         ResponseKind::DescribeGroups(r) => codes.extend(r.groups.iter().map(|g| g.error_code)),
+        ResponseKind::DeleteRecords(r) => codes.extend(
+            r.topics
+                .iter()
+                .flat_map(|t| &t.partitions)
+                .map(|p| p.error_code),
+        ),
         ResponseKind::DescribeConfigs(r) => codes.extend(r.results.iter().map(|r| r.error_code)),
         ResponseKind::DeleteGroups(r) => codes.extend(r.results.iter().map(|g| g.error_code)),
         ResponseKind::OffsetDelete(r) => {

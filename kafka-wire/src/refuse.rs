@@ -120,6 +120,33 @@ pub fn not_served_here(request: &RequestKind, version: i16) -> Option<ResponseKi
                 .collect();
             ResponseKind::ListOffsets(response)
         }
+        RequestKind::DeleteRecords(r) => {
+            use kafka_protocol::messages::delete_records_response::{
+                DeleteRecordsPartitionResult, DeleteRecordsTopicResult,
+            };
+            let mut response = kafka_protocol::messages::DeleteRecordsResponse::default();
+            response.topics = r
+                .topics
+                .iter()
+                .map(|t| {
+                    let mut topic = DeleteRecordsTopicResult::default();
+                    topic.name = t.name.clone();
+                    topic.partitions = t
+                        .partitions
+                        .iter()
+                        .map(|p| {
+                            let mut out = DeleteRecordsPartitionResult::default();
+                            out.partition_index = p.partition_index;
+                            out.low_watermark = -1;
+                            out.error_code = not_leader;
+                            out
+                        })
+                        .collect();
+                    topic
+                })
+                .collect();
+            ResponseKind::DeleteRecords(response)
+        }
         RequestKind::DescribeProducers(r) => {
             let mut response = DescribeProducersResponse::default();
             response.topics = r
@@ -379,6 +406,7 @@ mod tests {
             ApiKey::Heartbeat => RequestKind::Heartbeat(Default::default()),
             ApiKey::LeaveGroup => RequestKind::LeaveGroup(Default::default()),
             ApiKey::ListGroups => RequestKind::ListGroups(Default::default()),
+            ApiKey::DeleteRecords => RequestKind::DeleteRecords(Default::default()),
             ApiKey::DeleteGroups => {
                 let mut r = kafka_protocol::messages::DeleteGroupsRequest::default();
                 r.groups_names.push(GroupId(crate::str_bytes("g")));

@@ -1,5 +1,5 @@
-//! The partition leader's Kafka face: Produce, Fetch, ListOffsets, DescribeProducers and the
-//! idempotent producer's InitProducerId, decoded with `kafka-protocol` and answered through the
+//! The partition leader's Kafka face: Produce, Fetch, ListOffsets, DescribeProducers,
+//! DeleteRecords and the idempotent producer's InitProducerId, decoded with `kafka-protocol` and answered through the
 //! same [`LeaderService`] functions and [`crate::core`] rules as the gRPC handlers.
 //!
 //! - **Produce** (v3-9): each partition's RecordBatch v2 (CRC checked by the decoder) becomes one
@@ -17,8 +17,15 @@
 //!   librdkafka, kafka-python and the Java client filter with. Batches are rebuilt from the stored
 //!   records: one batch per run of records from the same (PID, epoch, transactional) producer, and
 //!   one control batch per marker. Long poll: up to `max_wait_ms` (capped like gRPC's) until any
-//!   requested partition has something to read.
-//! - **ListOffsets** (v1-7): earliest (-2) is 0 (no retention), latest (-1) the high watermark,
+//!   requested partition has something to read. A fetch below the log start is
+//!   OFFSET_OUT_OF_RANGE (the client resets, by its `auto.offset.reset`).
+//! - **DeleteRecords** (v0-2): the partition's log start moves to the offset (-1: the high
+//!   watermark readers see), durably, never backwards; past that high watermark is
+//!   OFFSET_OUT_OF_RANGE. The answer is the low watermark. The records below stay on disk,
+//!   unread; producer states stay, so a producer whose records were deleted is still fenced and
+//!   deduplicated.
+//! - **ListOffsets** (v1-7): earliest (-2) is the log start (0 unless DeleteRecords moved it),
+//!   latest (-1) the high watermark,
 //!   or the LSO for read_committed; a timestamp finds the first record at or after it, and
 //!   max-timestamp (-3, KIP-734) the first record with the largest timestamp (both below that
 //!   bound; a scan of the log, there is no time index).
@@ -43,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::delete_records_response::DeleteRecordsPartitionResult;
 use kafka_protocol::messages::describe_producers_response::{
     PartitionResponse as DescribePartition, ProducerState as DescribedProducer,
     TopicResponse as DescribeTopic,
@@ -50,6 +58,7 @@ use kafka_protocol::messages::describe_producers_response::{
 use kafka_protocol::messages::fetch_response::{AbortedTransaction, PartitionData};
 use kafka_protocol::messages::list_offsets_response::ListOffsetsPartitionResponse;
 use kafka_protocol::messages::produce_response::PartitionProduceResponse;
+use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
 use kafka_protocol::messages::{
     DescribeProducersRequest, DescribeProducersResponse, FetchRequest, FetchResponse,
     InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
@@ -151,6 +160,9 @@ impl Handler for KafkaLeader {
             }
             RequestKind::InitProducerId(r) => {
                 Some(ResponseKind::InitProducerId(self.init_producer_id(r).await))
+            }
+            RequestKind::DeleteRecords(r) => {
+                Some(ResponseKind::DeleteRecords(self.delete_records(r).await))
             }
             other => {
                 return Err(kafka_wire::Error::Close(format!(
@@ -373,7 +385,7 @@ impl KafkaLeader {
                 Ok(read) => {
                     data.high_watermark = read.high_watermark;
                     data.last_stable_offset = read.last_stable_offset;
-                    data.log_start_offset = 0;
+                    data.log_start_offset = read.log_start_offset;
                     data.aborted_transactions = read_committed.then(|| {
                         read.aborted
                             .iter()
@@ -415,7 +427,13 @@ impl KafkaLeader {
         limit: usize,
     ) -> Result<RawRead> {
         let part = part?;
-        let view = part.state().fetch_view(offset, read_committed)?;
+        let (view, log_start_offset) = {
+            let state = part.state();
+            (
+                state.fetch_view(offset, read_committed)?,
+                state.log_start_offset(),
+            )
+        };
         let storage = self.service.storage();
         let tp = part.tp.clone();
         let upper = view.upper;
@@ -444,6 +462,7 @@ impl KafkaLeader {
         Ok(RawRead {
             high_watermark: view.high_watermark,
             last_stable_offset: view.last_stable_offset,
+            log_start_offset,
             aborted,
             records,
         })
@@ -495,13 +514,15 @@ impl KafkaLeader {
         read_committed: bool,
     ) -> Result<(i64, i64)> {
         let part = self.service.partition(topic, partition)?;
-        let (hw, lso) = {
-            let visible = part.state().visible();
-            (visible.high_watermark, visible.last_stable_offset)
+        let (hw, lso, start) = {
+            let state = part.state();
+            let visible = state.visible();
+            let start = state.log_start_offset();
+            (visible.high_watermark, visible.last_stable_offset, start)
         };
         let upper = if read_committed { lso } else { hw };
         match timestamp {
-            EARLIEST => Ok((0, -1)),
+            EARLIEST => Ok((start, -1)),
             LATEST => Ok((upper, -1)),
             t if t < 0 && t != MAX_TIMESTAMP => Err(Error::InvalidRequest(format!(
                 "timestamp {t} is not supported (use -1, -2, -3 or a time)"
@@ -511,12 +532,45 @@ impl KafkaLeader {
                 let tp = part.tp.clone();
                 blocking(move || {
                     let mut search = TimestampSearch::new(t);
-                    storage.scan(&tp, 0, upper, &mut |o, entry| search.visit(o, &entry))?;
+                    storage.scan(&tp, start, upper, &mut |o, entry| search.visit(o, &entry))?;
                     Ok(search.found)
                 })
                 .await
             }
         }
+    }
+
+    /// DeleteRecords: each partition's log start moved to its offset (-1: the high watermark),
+    /// durably ([`LeaderService::delete_records`]); the low watermark, or the partition's error
+    /// (OFFSET_OUT_OF_RANGE past the high watermark, NOT_LEADER_OR_FOLLOWER elsewhere).
+    async fn delete_records(&self, request: DeleteRecordsRequest) -> DeleteRecordsResponse {
+        let mut response = DeleteRecordsResponse::default();
+        for topic in &request.topics {
+            let name = topic.name.0.to_string();
+            for p in &topic.partitions {
+                let mut out = DeleteRecordsPartitionResult::default();
+                out.partition_index = p.partition_index;
+                match self
+                    .service
+                    .delete_records(&name, p.partition_index, p.offset)
+                    .await
+                {
+                    Ok(low_watermark) => out.low_watermark = low_watermark,
+                    Err(e) => {
+                        out.low_watermark = -1;
+                        out.error_code = error_code(&e);
+                    }
+                }
+                push_topic(
+                    &mut response.topics,
+                    name.clone(),
+                    out,
+                    |t| &mut t.name,
+                    |t| &mut t.partitions,
+                );
+            }
+        }
+        response
     }
 
     fn describe_producers(&self, request: DescribeProducersRequest) -> DescribeProducersResponse {
@@ -605,6 +659,7 @@ impl KafkaLeader {
 struct RawRead {
     high_watermark: i64,
     last_stable_offset: i64,
+    log_start_offset: i64,
     /// (pid, first offset) of the aborted transactions in the range (read_committed).
     aborted: Vec<(i64, i64)>,
     records: Bytes,

@@ -47,8 +47,9 @@
 //! A coordinator's WriteTxnMarkers takes the same path through `PartitionState::plan_marker`;
 //! a Fetch reads a `FetchView` (HW or LSO, aborted ranges) and scans `storage`.
 //!
-//! CAVEATS: single replica per partition (no followers, no ISR); no retention; the topology is
-//! static. See each module's CAVEATS.
+//! CAVEATS: single replica per partition (no followers, no ISR); no retention (DeleteRecords
+//! moves the log start, the disk keeps the records); the topology is static. See each module's
+//! CAVEATS.
 
 pub mod core;
 pub mod decompress;

@@ -7,13 +7,13 @@ use super::{FetchView, PartitionState};
 impl PartitionState {
     /// What a fetch from `offset` may read: up to the published [`PartitionState::visible`]
     /// watermarks, never a write that no flush has covered yet. `offset` must be in
-    /// `[0, log end]` (an offset written but not yet visible reads nothing, as in Kafka between
-    /// the log end and the high watermark).
+    /// `[log start, log end]` (an offset written but not yet visible reads nothing, as in Kafka
+    /// between the log end and the high watermark; one below the log start was deleted).
     pub fn fetch_view(&self, offset: i64, read_committed: bool) -> Result<FetchView> {
-        if offset < 0 || offset > self.high_watermark {
+        if offset < self.log_start_offset || offset > self.high_watermark {
             return Err(Error::OffsetOutOfRange(format!(
-                "offset {offset} is outside [0, {}]",
-                self.high_watermark
+                "offset {offset} is outside [{}, {}]",
+                self.log_start_offset, self.high_watermark
             )));
         }
         let visible = self.visible;

@@ -496,6 +496,9 @@ pub struct PartitionState {
     open_txns: BTreeSet<(i64, ProducerId)>,
     /// Aborted transactions keyed by `last_offset` (unique: the marker's offset).
     aborted: BTreeMap<i64, AbortedTxn>,
+    /// The first offset readers may read (Kafka's log start offset): 0 until DeleteRecords
+    /// moves it ([`PartitionState::delete_records_target`]).
+    log_start_offset: i64,
 }
 
 impl PartitionState {
@@ -588,6 +591,37 @@ impl PartitionState {
                 .last_stable_offset
                 .min(marks.last_stable_offset),
         };
+    }
+
+    /// The first offset readers may read (Kafka's log start offset).
+    pub fn log_start_offset(&self) -> i64 {
+        self.log_start_offset
+    }
+
+    /// DeleteRecords to `offset` (-1: the high watermark readers see): the new log start to
+    /// make durable, `None` if the log already starts there or later (nothing to write), or
+    /// OFFSET_OUT_OF_RANGE for an offset past that high watermark or below -1, as in Kafka. The
+    /// log start never moves back, and producer states stay (a deleted record's producer is
+    /// still fenced and deduplicated as before).
+    pub fn delete_records_target(&self, offset: i64) -> Result<Option<i64>> {
+        let high_watermark = self.visible.high_watermark;
+        let target = match offset {
+            -1 => high_watermark,
+            o if (0..=high_watermark).contains(&o) => o,
+            o => {
+                return Err(Error::OffsetOutOfRange(format!(
+                    "cannot delete records before offset {o}: it is outside [0, {high_watermark}] \
+                     (-1 means the high watermark)"
+                )))
+            }
+        };
+        Ok((target > self.log_start_offset).then_some(target))
+    }
+
+    /// Moves the log start to `offset` (loaded, or made durable after
+    /// [`PartitionState::delete_records_target`]); never backwards, never past the log end.
+    pub fn set_log_start_offset(&mut self, offset: i64) {
+        self.log_start_offset = self.log_start_offset.max(offset.min(self.high_watermark));
     }
 
     /// The next offset to be written.

@@ -1048,3 +1048,72 @@ fn a_late_v1_marker_of_an_earlier_transaction_closes_nothing() {
         .control
         .is_some());
 }
+
+/// DeleteRecords: the log start moves to an offset up to the high watermark readers see (-1:
+/// that high watermark), never backwards; past it, or below -1, is OFFSET_OUT_OF_RANGE; a fetch
+/// below the log start is OFFSET_OUT_OF_RANGE; producer states stay (a deleted producer's
+/// zombie is still fenced).
+#[test]
+fn delete_records_moves_the_log_start_forward_only_and_within_what_readers_see() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(7, 1, 0, 5, false)).unwrap();
+    assert_eq!(s.log_start_offset(), 0);
+    assert_eq!(s.delete_records_target(3).unwrap(), Some(3));
+    assert_eq!(s.delete_records_target(-1).unwrap(), Some(5));
+    for bad in [6, -2, i64::MIN, i64::MAX] {
+        assert_eq!(
+            code(s.delete_records_target(bad)),
+            proto::ErrorCode::OffsetOutOfRange,
+            "{bad}"
+        );
+    }
+    s.set_log_start_offset(3);
+    assert_eq!(s.log_start_offset(), 3);
+    // Nothing to write at or below the log start; it never moves back.
+    assert_eq!(s.delete_records_target(2).unwrap(), None);
+    assert_eq!(s.delete_records_target(3).unwrap(), None);
+    s.set_log_start_offset(1);
+    assert_eq!(s.log_start_offset(), 3);
+    // Never past the log end, even when told so (a stale value).
+    s.set_log_start_offset(100);
+    assert_eq!(s.log_start_offset(), 5);
+    s.set_log_start_offset(3);
+    assert_eq!(s.log_start_offset(), 5);
+
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(7, 1, 0, 5, false)).unwrap();
+    s.set_log_start_offset(3);
+    assert_eq!(
+        code(s.fetch_view(2, false)),
+        proto::ErrorCode::OffsetOutOfRange
+    );
+    assert_eq!(s.fetch_view(3, true).unwrap().upper, 5);
+    // The producer is still known: its older epoch is fenced, its next batch continues.
+    assert_eq!(
+        code(produce(&mut s, &header(7, 0, 5, 1, false))),
+        proto::ErrorCode::InvalidProducerEpoch
+    );
+    assert_eq!(produce(&mut s, &header(7, 1, 5, 1, false)).unwrap().0, 5);
+}
+
+/// A write not yet durable is not counted: DeleteRecords stops at what readers see.
+#[test]
+fn delete_records_does_not_reach_writes_readers_do_not_see_yet() {
+    let mut s = PartitionState::new(false);
+    produce(&mut s, &header(7, 1, 0, 2, false)).unwrap();
+    let ProduceDecision::Append(plan) = s
+        .check_produce(&header(7, 1, 2, 3, false), None, 10)
+        .unwrap()
+    else {
+        panic!("an append")
+    };
+    // Applied, not yet published (its flush has not covered it).
+    s.apply(&plan);
+    assert_eq!(s.high_watermark(), 5);
+    assert_eq!(s.visible().high_watermark, 2);
+    assert_eq!(s.delete_records_target(-1).unwrap(), Some(2));
+    assert_eq!(
+        code(s.delete_records_target(4)),
+        proto::ErrorCode::OffsetOutOfRange
+    );
+}

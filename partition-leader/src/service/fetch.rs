@@ -55,7 +55,14 @@ impl FetchParams {
 impl LeaderService {
     pub(super) async fn fetch_inner(&self, request: FetchRequest) -> Result<FetchResponse> {
         let part = self.partition(&request.topic, request.partition)?;
-        let params = FetchParams::from_wire(&request)?;
+        let mut params = FetchParams::from_wire(&request)?;
+        // Our own protocol starts a read below the log start (records deleted by
+        // DeleteRecords) at the log start: the records carry their offsets. The Kafka face
+        // answers OFFSET_OUT_OF_RANGE there, as Kafka does.
+        let log_start = part.state().log_start_offset();
+        if (0..log_start).contains(&params.offset) {
+            params.offset = log_start;
+        }
         let view = self.wait_for_view(&part, &params).await?;
         let (high_watermark, last_stable_offset) = (view.high_watermark, view.last_stable_offset);
         let storage = self.inner.storage.clone();

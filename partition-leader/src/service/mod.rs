@@ -282,13 +282,14 @@ impl LeaderService {
         for (topic, partition) in config.topology.partitions_led_by(config.node_id) {
             let tp = TopicPartition::new(topic, partition);
             let loaded = storage.load(&tp)?;
-            let state = PartitionState::restore(
+            let mut state = PartitionState::restore(
                 config.unsafe_skip_epoch_check,
                 loaded.high_watermark,
                 loaded.producers,
                 loaded.aborted,
             )
             .map_err(|e| Error::Storage(format!("{tp}: {e}")))?;
+            state.set_log_start_offset(loaded.log_start_offset);
             info!(
                 partition = %tp,
                 high_watermark = state.high_watermark(),
@@ -475,12 +476,14 @@ impl LeaderService {
         let skip = self.inner.unsafe_skip_epoch_check;
         let reloaded = blocking(move || {
             let loaded = storage.load(&tp)?;
-            PartitionState::restore(
+            let mut state = PartitionState::restore(
                 skip,
                 loaded.high_watermark,
                 loaded.producers,
                 loaded.aborted,
-            )
+            )?;
+            state.set_log_start_offset(loaded.log_start_offset);
+            Ok(state)
         })
         .await;
         match reloaded {
@@ -499,6 +502,26 @@ impl LeaderService {
             }
         }
         part.appended.notify_waiters();
+    }
+
+    /// DeleteRecords: moves the partition's log start to `offset` (-1: the high watermark
+    /// readers see) as [`PartitionState::delete_records_target`] decides, durably, under the
+    /// write lock (no write is planned meanwhile); returns the log start (Kafka's low
+    /// watermark). Fetches below it are OFFSET_OUT_OF_RANGE on the Kafka face from then on, and
+    /// ListOffsets(earliest) answers it. The records stay on disk, unread.
+    pub async fn delete_records(&self, topic: &str, partition: i32, offset: i64) -> Result<i64> {
+        let part = self.partition(topic, partition)?;
+        let _write_lock = part.write_lock.lock().await;
+        part.check_online()?;
+        let target = part.state().delete_records_target(offset)?;
+        if let Some(start) = target {
+            let (storage, tp) = (self.inner.storage.clone(), part.tp.clone());
+            blocking(move || storage.set_log_start(&tp, start)).await?;
+            part.state().set_log_start_offset(start);
+            info!(partition = %part.tp, log_start_offset = start, "records deleted before the new log start");
+        }
+        let start = part.state().log_start_offset();
+        Ok(start)
     }
 
     /// [`LeaderConfig::producer_id_expiration`] in milliseconds.

@@ -19,7 +19,8 @@
 //! Group commit: append and flush are separate calls, so the shell appends many writes (of any
 //! partitions) and makes them durable with one flush (`service::flush`).
 //!
-//! CAVEATS: no retention or compaction. A failed flush leaves the write appended, to be made
+//! CAVEATS: no retention or compaction; DeleteRecords only records a log start
+//! ([`Storage::set_log_start`]), the records below it stay on disk. A failed flush leaves the write appended, to be made
 //! durable by a later flush: the write was not acknowledged, and the service reloads the
 //! partition from the engine after any failed write so that memory and disk agree (an
 //! unacknowledged write may or may not survive, as in Kafka).
@@ -80,6 +81,8 @@ pub struct LoadedPartition {
     pub producers: Vec<(ProducerId, ProducerState)>,
     /// The aborted index.
     pub aborted: Vec<AbortedTxn>,
+    /// The log start offset (0 unless DeleteRecords moved it).
+    pub log_start_offset: i64,
 }
 
 /// A partition-log store. Implementations are synchronous; the shell calls them from
@@ -105,6 +108,9 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<()>;
     /// Makes everything appended so far durable.
     fn flush(&self) -> Result<()>;
+    /// Records, durably, that the partition's log starts at `offset` (DeleteRecords); the
+    /// caller holds the partition's write lock. The records below stay on disk, unread.
+    fn set_log_start(&self, tp: &TopicPartition, offset: i64) -> Result<()>;
     /// Forgets the producer states of `pids` (expired, see
     /// [`crate::core::PartitionState::expired_producers`]); the caller holds the partition's
     /// write lock. Not durable by itself, and it need not be: a state a crash brings back (from
@@ -409,6 +415,7 @@ struct MemPartition {
     producers: BTreeMap<ProducerId, ProducerState>,
     aborted: BTreeMap<i64, AbortedTxn>,
     high_watermark: i64,
+    log_start_offset: i64,
 }
 
 /// The in-memory engine, for tests. Share one behind an `Arc` to "restart" a service over it.
@@ -481,8 +488,18 @@ impl Storage for MemoryStorage {
                 high_watermark: p.high_watermark,
                 producers: p.producers.iter().map(|(k, v)| (*k, v.clone())).collect(),
                 aborted: p.aborted.values().copied().collect(),
+                log_start_offset: p.log_start_offset,
             })
             .unwrap_or_default())
+    }
+
+    fn set_log_start(&self, tp: &TopicPartition, offset: i64) -> Result<()> {
+        if self.fail_writes.load(Ordering::SeqCst) {
+            return Err(Error::Storage("injected write failure".into()));
+        }
+        let mut parts = self.parts.lock().expect("memory storage poisoned");
+        parts.entry(tp.clone()).or_default().log_start_offset = offset;
+        Ok(())
     }
 
     fn append(&self, tp: &TopicPartition, w: &Write) -> Result<()> {
@@ -908,6 +925,35 @@ mod tests {
         let tp = TopicPartition::new("t", 0);
         assert_eq!(s.load(&tp).unwrap(), loaded);
         assert_eq!(collect(&s, &tp, 0, 10).len(), 3);
+    }
+
+    /// DeleteRecords' log start is durable on its own (no flush of the log needed), read back
+    /// by the next load and after a reopen, per partition; the records stay readable to the
+    /// engine (the service stops serving them).
+    #[test]
+    fn the_log_start_is_kept_per_partition_and_across_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (t0, t1) = (TopicPartition::new("t", 0), TopicPartition::new("t", 1));
+        {
+            let s = SledStorage::open(dir.path()).unwrap();
+            exercise(&s);
+            assert_eq!(s.load(&t0).unwrap().log_start_offset, 0);
+            s.set_log_start(&t0, 2).unwrap();
+            assert_eq!(s.load(&t0).unwrap().log_start_offset, 2);
+            assert_eq!(s.load(&t1).unwrap().log_start_offset, 0);
+        }
+        let s = SledStorage::open(dir.path()).unwrap();
+        assert_eq!(s.load(&t0).unwrap().log_start_offset, 2);
+        assert_eq!(collect(&s, &t0, 0, 10).len(), 3);
+        s.poison();
+        assert!(s.set_log_start(&t0, 3).is_err());
+
+        let m = MemoryStorage::new();
+        m.set_log_start(&t0, 4).unwrap();
+        assert_eq!(m.load(&t0).unwrap().log_start_offset, 4);
+        m.set_fail_writes(true);
+        assert!(m.set_log_start(&t0, 5).is_err());
+        assert_eq!(m.load(&t0).unwrap().log_start_offset, 4);
     }
 
     #[test]
