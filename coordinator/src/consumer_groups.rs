@@ -341,7 +341,7 @@ impl GroupMembership {
     }
 
     /// JoinGroup: returns the member id to wait with ([`Self::join_result`]).
-    pub fn join(&mut self, request: JoinRequest, now_ms: i64) -> Result<String, GroupError> {
+    pub fn join(&mut self, mut request: JoinRequest, now_ms: i64) -> Result<String, GroupError> {
         if !(MIN_SESSION_TIMEOUT_MS..=MAX_SESSION_TIMEOUT_MS).contains(&request.session_timeout_ms)
         {
             return Err(GroupError::InvalidSessionTimeout(
@@ -363,6 +363,19 @@ impl GroupMembership {
                 && !self.pending.contains_key(&request.member_id)
             {
                 return Err(GroupError::UnknownMemberId(request.member_id));
+            }
+            if let Some(member) = self.members.get(&request.member_id) {
+                // A member's group instance id is its own for its life, as Kafka keeps it: a
+                // rejoin naming none keeps it; one naming an instance id the member does not
+                // hold names no member (Kafka's `validateMember`), so the member is never
+                // listed under two instance ids, nor an instance id under a member gone.
+                match (&request.group_instance_id, &member.instance_id) {
+                    (None, Some(own)) => request.group_instance_id = Some(own.clone()),
+                    (Some(named), own) if own.as_ref() != Some(named) => {
+                        return Err(GroupError::UnknownMemberId(request.member_id));
+                    }
+                    _ => {}
+                }
             }
             request.member_id.clone()
         };
@@ -957,15 +970,18 @@ impl GroupMembership {
                 CommitKind::Plain => Err(GroupError::UnknownMemberId(String::new())),
             };
         }
-        self.fence_instance(member_id, instance_id)?;
-        let member = self
-            .members
-            .get(member_id)
-            .ok_or_else(|| GroupError::UnknownMemberId(member_id.to_string()))?;
-        if let (Some(theirs), Some(ours)) = (instance_id, member.instance_id.as_deref()) {
-            if theirs != ours {
-                return Err(GroupError::FencedInstanceId(member_id.to_string()));
+        // As Kafka's `validateMember`: a commit naming a group instance id must come from the
+        // member that holds it now (FENCED_INSTANCE_ID if another does, UNKNOWN_MEMBER_ID if
+        // nobody does); one naming none, from a member.
+        match instance_id.map(|i| self.static_members.get(i)) {
+            Some(None) => return Err(GroupError::UnknownMemberId(member_id.to_string())),
+            Some(Some(holder)) if holder != member_id => {
+                return Err(GroupError::FencedInstanceId(member_id.to_string()))
             }
+            _ => {}
+        }
+        if !self.members.contains_key(member_id) {
+            return Err(GroupError::UnknownMemberId(member_id.to_string()));
         }
         if generation != self.generation {
             return Err(GroupError::IllegalGeneration {
@@ -1238,16 +1254,28 @@ mod tests {
         let mut empty = GroupMembership::new("e");
         assert_eq!(empty.check_commit("", -1, None, Plain), Ok(()));
         assert_eq!(empty.check_commit("", -1, None, Txn), Ok(()));
-        // Static membership: another instance id is fenced.
+        // Static membership: an instance id nobody holds names no member (Kafka's
+        // `validateMember`), one another member holds is fenced, whoever sends it (a dynamic
+        // member naming an instance id included).
         let mut request = join("", &["range"]);
         request.group_instance_id = Some("i-1".into());
         let m = empty.join(request, 0).unwrap();
         empty.join_result(&m).unwrap().unwrap();
         assert_eq!(
             empty.check_commit(&m, 1, Some("i-2"), Txn),
-            Err(GroupError::FencedInstanceId(m.clone()))
+            Err(GroupError::UnknownMemberId(m.clone()))
         );
         assert_eq!(empty.check_commit(&m, 1, Some("i-1"), Txn), Ok(()));
+        assert_eq!(
+            g.check_commit(&a, 3, Some("i-1"), Txn),
+            Err(GroupError::UnknownMemberId(a.clone())),
+            "a dynamic member naming an instance id of another group's member"
+        );
+        assert_eq!(
+            g.check_commit(&a, 3, Some("nobody"), Plain),
+            Err(GroupError::UnknownMemberId(a.clone())),
+            "found by the consumer_group fuzz target: it was accepted"
+        );
     }
 
     /// Kafka's rule for a member's plain commit while the group waits for the leader's
@@ -1328,6 +1356,37 @@ mod tests {
         g.leave(&new, 20).unwrap();
         assert_eq!(g.static_member("i-1"), None);
         assert!(g.is_idle());
+    }
+
+    /// A member keeps the group instance id it joined with (found by the consumer_group fuzz
+    /// target: a member that rejoined naming another one was listed under both, and when a new
+    /// instance took over the first, the second stayed with a member that was gone).
+    #[test]
+    fn a_member_rejoining_under_another_instance_id_names_no_member() {
+        let mut g = GroupMembership::new("g");
+        let a = g.join(static_join("", "i-a", &["range"]), 0).unwrap();
+        g.join_result(&a).unwrap().unwrap();
+        assert_eq!(
+            g.join(static_join(&a, "i-b", &["range"]), 1),
+            Err(GroupError::UnknownMemberId(a.clone()))
+        );
+        assert_eq!(g.static_member("i-b"), None);
+        // A dynamic member naming an instance id: the same.
+        let d = g.join(join("", &["range"]), 2).unwrap();
+        assert_eq!(
+            g.join(static_join(&d, "i-c", &["range"]), 3),
+            Err(GroupError::UnknownMemberId(d.clone()))
+        );
+        // A static member's rejoin that leaves its instance id out keeps it.
+        assert_eq!(g.join(join(&a, &["range"]), 4), Ok(a.clone()));
+        assert_eq!(g.static_member("i-a"), Some(a.as_str()));
+        let described = g.describe();
+        let member = described.members.iter().find(|m| m.member_id == a).unwrap();
+        assert_eq!(member.instance_id.as_deref(), Some("i-a"));
+        // A new instance of i-a replaces it, and nothing is left under a gone member.
+        let a2 = g.join(static_join("", "i-a", &["range"]), 5).unwrap();
+        assert_eq!(g.static_member("i-a"), Some(a2.as_str()));
+        assert!(!g.member_ids().contains(&a));
     }
 
     fn static_join(member: &str, instance: &str, protocols: &[&str]) -> JoinRequest {
