@@ -39,7 +39,7 @@ pub mod service;
 pub mod topology;
 
 pub use service::ClusterService;
-pub use topology::{state_partition_for, Node, NodeId, Topic, Topology, TopologyError};
+pub use topology::{state_partition_for, topic_id, Node, NodeId, Topic, Topology, TopologyError};
 
 /// A producer id (PID), allocated by a coordinator. `-1` means none.
 pub type ProducerId = i64;

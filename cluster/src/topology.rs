@@ -236,6 +236,17 @@ impl Topology {
         self.topics.iter().find(|t| t.name == name)
     }
 
+    /// The topic's id (Kafka's topic UUID), or `None` if there is no such topic: see
+    /// [`topic_id`].
+    pub fn topic_id(&self, name: &str) -> Option<[u8; 16]> {
+        self.topic(name).map(|t| topic_id(&t.name))
+    }
+
+    /// The topic whose id is `id`.
+    pub fn topic_by_id(&self, id: &[u8; 16]) -> Option<&Topic> {
+        self.topics.iter().find(|t| topic_id(&t.name) == *id)
+    }
+
     /// The leader of `topic`/`partition`, or `None` if the topic or partition does not exist.
     pub fn leader_for(&self, topic: &str, partition: i32) -> Option<&Node> {
         let topic = self.topic(topic)?;
@@ -282,8 +293,55 @@ pub fn state_partition_for(key: &str, partitions: i32) -> i32 {
     (java_string_hash(key) & 0x7fff_ffff) % partitions.max(1)
 }
 
+/// A topic's id: topics are static (the topology names them), so the id is derived from the
+/// name, the same on every node and across restarts: the first 16 bytes of SHA-256 over a fixed
+/// prefix and the name. Never one of Kafka's reserved ids (all zero; 0...01, the metadata
+/// topic's), and, as Kafka's `Uuid.randomUuid` makes them, never one whose URL-safe base64
+/// form starts with '-' (the first byte's top six bits not 62): such a hash is hashed again.
+pub fn topic_id(name: &str) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let mut round = 0u32;
+    loop {
+        let mut hasher = Sha256::new();
+        hasher.update(b"mini-broker topic id\0");
+        hasher.update(round.to_be_bytes());
+        hasher.update(name.as_bytes());
+        let digest = hasher.finalize();
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&digest[..16]);
+        let reserved = id[..15].iter().all(|b| *b == 0) && id[15] <= 1;
+        if !reserved && id[0] >> 2 != 62 {
+            return id;
+        }
+        round += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn topic_ids_are_stable_distinct_and_never_reserved() {
+        let ids: Vec<[u8; 16]> = (0..2000)
+            .map(|i| super::topic_id(&format!("t{i}")))
+            .collect();
+        let distinct: BTreeSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        for id in &ids {
+            assert_ne!(id[..15], [0u8; 15]);
+            assert_ne!(id[0] >> 2, 62, "base64 would start with '-'");
+        }
+        assert_eq!(super::topic_id("input"), super::topic_id("input"));
+        let t = Topology::parse(
+            "transaction_state_partitions = 1\n[[coordinators]]\nid = 1\naddress = \"a:1\"\n\
+             [[leaders]]\nid = 2\naddress = \"b:1\"\n[[topics]]\nname = \"input\"\nleaders = [2]\n",
+        )
+        .unwrap();
+        let id = t.topic_id("input").unwrap();
+        assert_eq!(t.topic_by_id(&id).unwrap().name, "input");
+        assert_eq!(t.topic_id("nope"), None);
+        assert!(t.topic_by_id(&[0; 16]).is_none());
+    }
+
     use super::*;
 
     fn sample() -> Topology {

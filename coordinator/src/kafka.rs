@@ -21,7 +21,7 @@
 //! | OffsetFetch          | 1-7      | v7: require_stable (KIP-447); v8+ is the batched form |
 //! | ListTransactions     | 0-1      | |
 //! | DescribeTransactions | 0        | |
-//! | OffsetCommit         | 2-8      | outside transactions; checked against the membership |
+//! | OffsetCommit         | 2-9      | outside transactions; checked against the membership (v9: member epochs) |
 //! | JoinGroup            | 0-7      | v4+: MEMBER_ID_REQUIRED first (KIP-394) |
 //! | SyncGroup            | 0-5      | |
 //! | Heartbeat            | 0-4      | |
@@ -30,8 +30,14 @@
 //! | DescribeGroups       | 0-5      | v6+ adds error messages (KIP-1043) |
 //! | DeleteGroups         | 0-2      | decided by [`crate::group_admin`] |
 //! | OffsetDelete         | 0        | KIP-496; decided by [`crate::group_admin`] |
+//! | ConsumerGroupHeartbeat | 0-1    | KIP-848; decided by [`crate::consumer_protocol`] |
 //!
-//! Consumer groups: membership ([`crate::consumer_groups`]) lives in this face, one
+//! KIP-848 consumer groups ([`crate::consumer_protocol`]) live in this face too, one
+//! [`ConsumerGroup`] per group in a map behind one lock (a heartbeat is decided without I/O and
+//! nothing waits: the member learns what changed on its next heartbeat); an Empty one is
+//! dropped at once. Their commits are checked by member epoch (STALE_MEMBER_EPOCH).
+//!
+//! Classic consumer groups: membership ([`crate::consumer_groups`]) lives in this face, one
 //! [`GroupMembership`] per group behind a lock, in memory. JoinGroup and SyncGroup are parked
 //! until the core has their answer (woken on every change of the group, and re-checked every
 //! 100 ms so a deadline or an expired session is noticed); every group request first lets the
@@ -87,6 +93,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use kafka_protocol::messages::consumer_group_heartbeat_response::{
+    Assignment, TopicPartitions as HeartbeatTopicPartitions,
+};
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
 use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
@@ -98,6 +107,7 @@ use kafka_protocol::messages::offset_commit_response::{
 use kafka_protocol::messages::offset_delete_response::{
     OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
 };
+use kafka_protocol::messages::{ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse};
 use kafka_protocol::messages::{
     DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
     GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
@@ -107,6 +117,7 @@ use kafka_protocol::messages::{
 };
 
 use crate::consumer_groups::{CommitKind, GroupError, GroupMembership, JoinRequest};
+use crate::consumer_protocol::{ConsumerGroup, ConsumerGroupError, Heartbeat};
 use crate::core::TransactionVersion;
 use crate::error_code;
 use crate::group_admin::{self, AdminError, Membership};
@@ -118,6 +129,9 @@ use cluster::TopicPartition;
 pub struct KafkaCoordinator {
     service: LocalService,
     groups: Mutex<Groups>,
+    /// KIP-848 consumer groups ([`crate::consumer_protocol`]), by group id. Lock order: after
+    /// `groups` when both are held.
+    consumer_groups: Mutex<HashMap<String, ConsumerGroup>>,
     /// Memberships created so far: with the node's incarnation, what makes each membership's
     /// member ids its own ([`GroupMembership::with_incarnation`]).
     lives: AtomicU64,
@@ -204,12 +218,40 @@ impl KafkaCoordinator {
                 slots: HashMap::new(),
                 swept: Instant::now(),
             }),
+            consumer_groups: Mutex::new(HashMap::new()),
             lives: AtomicU64::new(0),
         }
     }
 
     fn groups(&self) -> std::sync::MutexGuard<'_, Groups> {
         self.groups.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn consumer_groups(&self) -> std::sync::MutexGuard<'_, HashMap<String, ConsumerGroup>> {
+        self.consumer_groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the KIP-848 group `group_id` if this face holds it, after expiring its
+    /// silent members; an Empty group is dropped afterwards (its offsets are stored apart and
+    /// stay; a member of its past is unknown to any later one).
+    fn on_consumer_group<T>(
+        &self,
+        group_id: &str,
+        f: impl FnOnce(&mut ConsumerGroup) -> T,
+    ) -> Option<T> {
+        let mut groups = self.consumer_groups();
+        let group = groups.get_mut(group_id)?;
+        let expired = group.tick(cluster::node::now_ms());
+        if !expired.is_empty() {
+            tracing::info!(group = group_id, ?expired, "consumer group members removed");
+        }
+        let answer = f(group);
+        if group.is_empty() {
+            groups.remove(group_id);
+        }
+        Some(answer)
     }
 
     /// Drops idle groups every [`IDLE_GROUP_SWEEP`] until the coordinator stops (a group
@@ -222,6 +264,13 @@ impl KafkaCoordinator {
                 _ = tokio::time::sleep(IDLE_GROUP_SWEEP) => {}
             }
             self.sweep(&mut self.groups());
+            self.consumer_groups().retain(|group_id, g| {
+                let expired = g.tick(cluster::node::now_ms());
+                if !expired.is_empty() {
+                    tracing::info!(group = %group_id, ?expired, "consumer group members removed");
+                }
+                !g.is_empty()
+            });
         }
     }
 
@@ -296,6 +345,15 @@ impl KafkaCoordinator {
         decide: impl FnOnce(&Membership) -> (T, bool),
     ) -> T {
         let mut groups = self.groups();
+        let kip848 =
+            self.on_consumer_group(group_id, |g| (!g.is_empty()).then(|| g.subscribed_topics()));
+        if let Some(Some(subscribed)) = kip848 {
+            let membership = Membership::Active {
+                consumer: true,
+                subscribed: Some(subscribed),
+            };
+            return decide(&membership).0;
+        }
         let membership = match groups.slots.get(group_id) {
             None => Membership::None,
             Some(slot) => {
@@ -369,6 +427,30 @@ fn group_code(e: &GroupError) -> i16 {
         GroupError::MemberIdRequired(_) => ResponseError::MemberIdRequired,
         GroupError::FencedInstanceId(_) => ResponseError::FencedInstanceId,
         GroupError::InvalidSessionTimeout(_) => ResponseError::InvalidSessionTimeout,
+    }
+    .code()
+}
+
+/// A topic's id (the topology's), as Kafka's protocol carries it.
+fn topic_uuid(topology: &cluster::Topology, topic: &str) -> Option<uuid::Uuid> {
+    topology.topic_id(topic).map(uuid::Uuid::from_bytes)
+}
+
+/// The name of the topic with id `id`, if there is one.
+fn topic_name_by_id(topology: &cluster::Topology, id: &uuid::Uuid) -> Option<String> {
+    topology.topic_by_id(id.as_bytes()).map(|t| t.name.clone())
+}
+
+/// Kafka's code for a refused ConsumerGroupHeartbeat or a commit a KIP-848 group refused.
+fn consumer_code(e: &ConsumerGroupError) -> i16 {
+    match e {
+        ConsumerGroupError::InvalidRequest(_) => ResponseError::InvalidRequest,
+        ConsumerGroupError::UnknownMemberId(_) => ResponseError::UnknownMemberId,
+        ConsumerGroupError::FencedMemberEpoch { .. } => ResponseError::FencedMemberEpoch,
+        ConsumerGroupError::StaleMemberEpoch { .. } => ResponseError::StaleMemberEpoch,
+        ConsumerGroupError::UnsupportedAssignor(_) => ResponseError::UnsupportedAssignor,
+        ConsumerGroupError::UnreleasedInstanceId(_) => ResponseError::UnreleasedInstanceId,
+        ConsumerGroupError::UnsupportedVersion => ResponseError::UnsupportedVersion,
     }
     .code()
 }
@@ -506,7 +588,12 @@ impl Handler for KafkaCoordinator {
             RequestKind::DescribeTransactions(r) => {
                 ResponseKind::DescribeTransactions(self.describe_transactions(r).await)
             }
-            RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(self.offset_commit(r).await),
+            RequestKind::OffsetCommit(r) => {
+                ResponseKind::OffsetCommit(self.offset_commit(r, version).await)
+            }
+            RequestKind::ConsumerGroupHeartbeat(r) => {
+                ResponseKind::ConsumerGroupHeartbeat(self.consumer_group_heartbeat(r, version))
+            }
             RequestKind::JoinGroup(r) => {
                 let client = Client {
                     id: request
@@ -554,7 +641,23 @@ impl KafkaCoordinator {
         generation: i32,
         instance_id: Option<&str>,
         kind: CommitKind,
+        member_epochs: bool,
     ) -> Result<(), i16> {
+        // A KIP-848 group: the member's exact epoch (STALE_MEMBER_EPOCH otherwise).
+        let transactional = kind == CommitKind::Transactional;
+        if let Some(checked) = self.on_consumer_group(group_id, |g| {
+            g.check_commit(member_id, generation, transactional, member_epochs)
+        }) {
+            return checked.map_err(|e| {
+                tracing::info!(
+                    group = group_id,
+                    member_id,
+                    member_epoch = generation,
+                    "offset commit fenced by the consumer group: {e}"
+                );
+                consumer_code(&e)
+            });
+        }
         if generation < 0 && member_id.is_empty() && instance_id.is_none() {
             // Not from a group member (Kafka's "simple" commit): the transaction's checks only.
             let known = self.groups().slots.contains_key(group_id);
@@ -576,7 +679,7 @@ impl KafkaCoordinator {
         })
     }
 
-    async fn offset_commit(&self, r: OffsetCommitRequest) -> OffsetCommitResponse {
+    async fn offset_commit(&self, r: OffsetCommitRequest, version: i16) -> OffsetCommitResponse {
         let group_id = r.group_id.0.to_string();
         let code = match self.check_group(&group_id).and_then(|()| {
             self.check_group_commit(
@@ -585,6 +688,7 @@ impl KafkaCoordinator {
                 r.generation_id_or_member_epoch,
                 r.group_instance_id.as_deref(),
                 CommitKind::Plain,
+                version >= 9,
             )
         }) {
             Err(code) => code,
@@ -626,6 +730,135 @@ impl KafkaCoordinator {
         response
     }
 
+    /// ConsumerGroupHeartbeat (KIP-848) v0-1: decided by [`ConsumerGroup::heartbeat`] under
+    /// the groups' lock (no I/O: membership is not persisted). Topic ids are translated to and
+    /// from names with the topology's ids; an owned partition of an unknown topic id is left
+    /// out. A group id held by a classic group with members is GROUP_ID_NOT_FOUND, as Kafka
+    /// answers for a group of the other protocol. From v1 the client makes its member id
+    /// (KIP-1082): an empty one is INVALID_REQUEST.
+    fn consumer_group_heartbeat(
+        &self,
+        r: ConsumerGroupHeartbeatRequest,
+        version: i16,
+    ) -> ConsumerGroupHeartbeatResponse {
+        let mut response = ConsumerGroupHeartbeatResponse::default();
+        let group_id = r.group_id.0.to_string();
+        let refuse = |mut response: ConsumerGroupHeartbeatResponse, code: i16, why: String| {
+            response.error_code = code;
+            response.error_message = Some(str_bytes(why));
+            response
+        };
+        if let Err(code) = self.check_group(&group_id) {
+            response.error_code = code;
+            return response;
+        }
+        if version >= 1 && r.member_id.is_empty() {
+            let code = ResponseError::InvalidRequest.code();
+            return refuse(response, code, "MemberId can't be empty".into());
+        }
+        let classic = self.groups().slots.get(&group_id).cloned();
+        if let Some(slot) = classic {
+            if !on_slot(&group_id, &slot, |g, _| g.member_ids().is_empty()) {
+                let code = ResponseError::GroupIdNotFound.code();
+                return refuse(
+                    response,
+                    code,
+                    format!("group {group_id} is a classic group"),
+                );
+            }
+        }
+        let topology = self.service.topology();
+        let owned = r.topic_partitions.as_ref().map(|topics| {
+            topics
+                .iter()
+                .filter_map(|t| {
+                    let name = topic_name_by_id(topology, &t.topic_id)?;
+                    Some(
+                        t.partitions
+                            .iter()
+                            .map(move |&p| TopicPartition::new(name.clone(), p)),
+                    )
+                })
+                .flatten()
+                .collect()
+        });
+        let heartbeat = Heartbeat {
+            member_id: r.member_id.to_string(),
+            member_epoch: r.member_epoch,
+            instance_id: r.instance_id.as_ref().map(|i| i.to_string()),
+            rebalance_timeout_ms: r.rebalance_timeout_ms,
+            subscribed_topic_names: r
+                .subscribed_topic_names
+                .as_ref()
+                .map(|names| names.iter().map(|n| n.0.to_string()).collect()),
+            subscribed_topic_regex: r.subscribed_topic_regex.as_ref().map(|x| x.to_string()),
+            server_assignor: r.server_assignor.as_ref().map(|a| a.to_string()),
+            owned,
+        };
+        let joining = heartbeat.member_epoch == crate::consumer_protocol::JOIN_EPOCH;
+        let result = {
+            let mut groups = self.consumer_groups();
+            if !groups.contains_key(&group_id) {
+                if !joining {
+                    drop(groups);
+                    let e = ConsumerGroupError::UnknownMemberId(heartbeat.member_id);
+                    return refuse(response, consumer_code(&e), e.to_string());
+                }
+                let topics = topology
+                    .topics
+                    .iter()
+                    .map(|t| (t.name.clone(), t.leaders.len() as i32))
+                    .collect();
+                let (interval, session) = self.service.group_consumer_timeouts_ms();
+                let life = self.lives.fetch_add(1, Ordering::Relaxed) + 1;
+                let group = ConsumerGroup::new(&group_id, topics)
+                    .with_timeouts(session, interval)
+                    .with_incarnation(&format!("{}.{life}", self.service.incarnation()));
+                groups.insert(group_id.clone(), group);
+            }
+            let group = groups.get_mut(&group_id).expect("inserted");
+            let result = group.heartbeat(heartbeat, cluster::node::now_ms());
+            if group.is_empty() {
+                groups.remove(&group_id);
+            }
+            result
+        };
+        match result {
+            Err(e) => {
+                tracing::info!(group = %group_id, member = %r.member_id, "ConsumerGroupHeartbeat refused: {e}");
+                refuse(response, consumer_code(&e), e.to_string())
+            }
+            Ok(reply) => {
+                if joining {
+                    tracing::info!(group = %group_id, member = %reply.member_id,
+                                   epoch = reply.member_epoch, "consumer joined (KIP-848)");
+                }
+                response.member_id = Some(str_bytes(reply.member_id));
+                response.member_epoch = reply.member_epoch;
+                response.heartbeat_interval_ms = reply.heartbeat_interval_ms;
+                response.assignment = reply.assignment.map(|assigned| {
+                    let mut by_topic: std::collections::BTreeMap<String, Vec<i32>> =
+                        std::collections::BTreeMap::new();
+                    for tp in assigned {
+                        by_topic.entry(tp.topic).or_default().push(tp.partition);
+                    }
+                    let mut assignment = Assignment::default();
+                    assignment.topic_partitions = by_topic
+                        .into_iter()
+                        .filter_map(|(topic, partitions)| {
+                            let mut t = HeartbeatTopicPartitions::default();
+                            t.topic_id = topic_uuid(topology, &topic)?;
+                            t.partitions = partitions;
+                            Some(t)
+                        })
+                        .collect();
+                    assignment
+                });
+                response
+            }
+        }
+    }
+
     async fn join_group(
         &self,
         r: JoinGroupRequest,
@@ -637,6 +870,14 @@ impl KafkaCoordinator {
         let group_id = r.group_id.0.to_string();
         if let Err(code) = self.check_group(&group_id) {
             response.error_code = code;
+            return response;
+        }
+        if self
+            .on_consumer_group(&group_id, |g| !g.is_empty())
+            .unwrap_or(false)
+        {
+            // The group's members use KIP-848's protocol; a classic member cannot join them.
+            response.error_code = ResponseError::InconsistentGroupProtocol.code();
             return response;
         }
         let rebalance_timeout_ms = if version >= 1 {
@@ -808,6 +1049,15 @@ impl KafkaCoordinator {
                 (group_id, listed)
             })
             .collect();
+        let kip848: Vec<(String, &'static str)> = self
+            .consumer_groups()
+            .iter()
+            .filter(|(group_id, _)| self.check_group(group_id).is_ok())
+            .map(|(group_id, g)| (group_id.clone(), g.state_name()))
+            .collect();
+        for (group_id, state) in kip848 {
+            groups.insert(group_id, (state, "consumer".to_string()));
+        }
         match self.service.offset_groups().await {
             Ok(stored) => {
                 for group_id in stored {
@@ -1187,6 +1437,7 @@ impl KafkaCoordinator {
                 r.generation_id,
                 r.group_instance_id.as_deref(),
                 CommitKind::Transactional,
+                true,
             )
         };
         let fenced = self.check_group(&group_id).and_then(|()| check());

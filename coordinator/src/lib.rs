@@ -55,6 +55,7 @@
 //! backwards, and the same marker twice changes nothing.
 
 pub mod consumer_groups;
+pub mod consumer_protocol;
 pub mod core;
 mod error;
 pub mod group_admin;
@@ -65,6 +66,7 @@ pub mod storage;
 pub use error::{error_code, Error};
 pub use service::{
     serve, serve_with_kafka, serve_with_storage, CoordinatorConfig,
+    DEFAULT_GROUP_CONSUMER_HEARTBEAT_INTERVAL, DEFAULT_GROUP_CONSUMER_SESSION_TIMEOUT,
     DEFAULT_GROUP_INITIAL_REBALANCE_DELAY, DEFAULT_MAX_PREPARE_WAIT,
     DEFAULT_TRANSACTIONAL_ID_EXPIRATION,
 };

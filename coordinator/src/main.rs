@@ -63,6 +63,14 @@ struct Args {
     /// milliseconds (Kafka's group.initial.rebalance.delay.ms; default 3000).
     #[arg(long, env = "GROUP_INITIAL_REBALANCE_DELAY_MS", default_value_t = coordinator::DEFAULT_GROUP_INITIAL_REBALANCE_DELAY.as_millis() as u64)]
     group_initial_rebalance_delay_ms: u64,
+    /// How often members of KIP-848 consumer groups (`group.protocol=consumer`) heartbeat, in
+    /// milliseconds (Kafka's group.consumer.heartbeat.interval.ms; default 5000).
+    #[arg(long, env = "GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS", default_value_t = coordinator::DEFAULT_GROUP_CONSUMER_HEARTBEAT_INTERVAL.as_millis() as u64)]
+    group_consumer_heartbeat_interval_ms: u64,
+    /// How long a KIP-848 consumer group member may stay silent before it is removed, in
+    /// milliseconds (Kafka's group.consumer.session.timeout.ms; default 45000).
+    #[arg(long, env = "GROUP_CONSUMER_SESSION_TIMEOUT_MS", default_value_t = coordinator::DEFAULT_GROUP_CONSUMER_SESSION_TIMEOUT.as_millis() as u64)]
+    group_consumer_session_timeout_ms: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 0.0.0.0:9404.
     #[arg(long, env = "METRICS_LISTEN")]
     metrics_listen: Option<String>,
@@ -97,6 +105,10 @@ async fn main() -> anyhow::Result<()> {
     config.transactional_id_expiration = Duration::from_millis(args.transactional_id_expiration_ms);
     config.group_initial_rebalance_delay =
         Duration::from_millis(args.group_initial_rebalance_delay_ms);
+    config.group_consumer_heartbeat_interval =
+        Duration::from_millis(args.group_consumer_heartbeat_interval_ms.max(1));
+    config.group_consumer_session_timeout =
+        Duration::from_millis(args.group_consumer_session_timeout_ms.max(1));
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

@@ -15,6 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use integration_tests::{cluster, cluster_with, config, read_topic, tp};
+use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use producer_client::{IdempotentProducer, Isolation};
 use serde_json::Value;
 use testkit::kafka::{call as kafka_call, join_group, offset_fetch_v7, OffsetTxn};
@@ -2034,5 +2035,226 @@ async fn kafka_python_group_consumer_survives_a_restart_of_its_coordinator() {
     let expected: std::collections::BTreeSet<&str> =
         written.iter().flatten().map(String::as_str).collect();
     assert_eq!(seen, expected, "every record seen ({})", report["refused"]);
+    cluster.shutdown().await.unwrap();
+}
+
+/// A cluster whose KIP-848 groups heartbeat every 200 ms instead of Kafka's 5 s.
+async fn kip848_cluster() -> minibroker::EmbeddedCluster {
+    cluster_with(minibroker::EmbeddedOptions {
+        group_consumer_heartbeat_interval: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await
+}
+
+/// One ConsumerGroupHeartbeat v1 of `member` at `epoch` owning `owned` partitions of `input`
+/// (`None`: unchanged); a join (epoch 0) subscribes to `input`. Returns (error code, epoch,
+/// assigned partitions of `input` if the reply carried an assignment).
+async fn kip848_heartbeat(
+    coordinator: std::net::SocketAddr,
+    group: &str,
+    member: &str,
+    epoch: i32,
+    owned: Option<&[i32]>,
+) -> (i16, i32, Option<Vec<i32>>) {
+    use kafka_protocol::messages::consumer_group_heartbeat_request::TopicPartitions;
+    use kafka_protocol::messages::{ConsumerGroupHeartbeatRequest, GroupId, TopicName};
+    let input = uuid::Uuid::from_bytes(
+        cluster::Topology::parse(TOPOLOGY_FOR_IDS)
+            .unwrap()
+            .topic_id("input")
+            .unwrap(),
+    );
+    let mut r = ConsumerGroupHeartbeatRequest::default();
+    r.group_id = GroupId(str_bytes(group));
+    r.member_id = str_bytes(member);
+    r.member_epoch = epoch;
+    r.rebalance_timeout_ms = if epoch == 0 { 30_000 } else { -1 };
+    if epoch == 0 {
+        r.subscribed_topic_names = Some(vec![TopicName(str_bytes("input"))]);
+    }
+    r.topic_partitions = owned.map(|partitions| {
+        let mut t = TopicPartitions::default();
+        t.topic_id = input;
+        t.partitions = partitions.to_vec();
+        vec![t]
+    });
+    let ResponseKind::ConsumerGroupHeartbeat(reply) = kafka_call(
+        coordinator,
+        ApiKey::ConsumerGroupHeartbeat,
+        1,
+        RequestKind::ConsumerGroupHeartbeat(r),
+    )
+    .await
+    else {
+        panic!("ConsumerGroupHeartbeat response")
+    };
+    let assigned = reply.assignment.map(|a| {
+        a.topic_partitions
+            .iter()
+            .filter(|t| t.topic_id == input)
+            .flat_map(|t| t.partitions.clone())
+            .collect()
+    });
+    (reply.error_code, reply.member_epoch, assigned)
+}
+
+/// Topic ids depend on the topic names only: any topology with `input` gives its id.
+const TOPOLOGY_FOR_IDS: &str = "transaction_state_partitions = 1\n\
+    [[coordinators]]\nid = 1\naddress = \"127.0.0.1:1\"\n\
+    [[leaders]]\nid = 2\naddress = \"127.0.0.1:2\"\n\
+    [[topics]]\nname = \"input\"\nleaders = [2, 2, 2]\n";
+
+/// An OffsetCommit v9 of `member` at `epoch` for input-0; its error code.
+async fn kip848_commit(
+    coordinator: std::net::SocketAddr,
+    group: &str,
+    member: &str,
+    epoch: i32,
+    version: i16,
+) -> i16 {
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{GroupId, OffsetCommitRequest, TopicName};
+    let mut r = OffsetCommitRequest::default();
+    r.group_id = GroupId(str_bytes(group));
+    r.member_id = str_bytes(member);
+    r.generation_id_or_member_epoch = epoch;
+    let mut t = OffsetCommitRequestTopic::default();
+    t.name = TopicName(str_bytes("input"));
+    let mut p = OffsetCommitRequestPartition::default();
+    p.partition_index = 0;
+    p.committed_offset = 7;
+    t.partitions = vec![p];
+    r.topics = vec![t];
+    let ResponseKind::OffsetCommit(c) = kafka_call(
+        coordinator,
+        ApiKey::OffsetCommit,
+        version,
+        RequestKind::OffsetCommit(r),
+    )
+    .await
+    else {
+        panic!("OffsetCommit response")
+    };
+    c.topics[0].partitions[0].error_code
+}
+
+/// KIP-848's member epochs fence a zombie consumer, over Kafka's protocol against a real
+/// coordinator: A joins alone (epoch 1, all three partitions); B joins; A must revoke before B
+/// gets anything, then both are at epoch 2 with disjoint halves. A's commit at epoch 1 is then
+/// STALE_MEMBER_EPOCH, a heartbeat ahead of its epoch FENCED_MEMBER_EPOCH, an unknown member's
+/// UNKNOWN_MEMBER_ID, a member's commit below v9 UNSUPPORTED_VERSION; and a classic JoinGroup
+/// to the group is INCONSISTENT_GROUP_PROTOCOL. Nothing refused is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kip848_member_epochs_fence_zombie_consumers() {
+    const FENCED_MEMBER_EPOCH: i16 = 110;
+    const STALE_MEMBER_EPOCH: i16 = 113;
+    const UNKNOWN_MEMBER_ID: i16 = 25;
+    const UNSUPPORTED_VERSION: i16 = 35;
+    const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
+    let cluster = kip848_cluster().await;
+    let group = "kip848-fencing";
+    let coordinator = cluster
+        .kafka_address(cluster.coordinator_for(group))
+        .unwrap();
+    let (code, epoch, a_all) = kip848_heartbeat(coordinator, group, "a", 0, Some(&[])).await;
+    assert_eq!((code, epoch), (0, 1));
+    assert_eq!(a_all, Some(vec![0, 1, 2]));
+    assert_eq!(kip848_commit(coordinator, group, "a", 1, 9).await, 0);
+
+    let (code, epoch, b_first) = kip848_heartbeat(coordinator, group, "b", 0, Some(&[])).await;
+    assert_eq!((code, epoch), (0, 2));
+    assert_eq!(b_first, Some(vec![]), "A still holds everything");
+    // A is told what to keep, at its old epoch.
+    let (code, epoch, kept) = kip848_heartbeat(coordinator, group, "a", 1, Some(&[0, 1, 2])).await;
+    assert_eq!((code, epoch), (0, 1));
+    let kept = kept.unwrap();
+    assert!(!kept.is_empty() && kept.len() < 3, "{kept:?}");
+    // A acknowledges: epoch 2; B gets the rest.
+    let (code, epoch, _) = kip848_heartbeat(coordinator, group, "a", 1, Some(&kept)).await;
+    assert_eq!((code, epoch), (0, 2));
+    let (code, epoch, b_got) = kip848_heartbeat(coordinator, group, "b", 2, Some(&[])).await;
+    assert_eq!((code, epoch), (0, 2));
+    let b_got = b_got.unwrap();
+    assert_eq!(b_got.len() + kept.len(), 3);
+    assert!(
+        b_got.iter().all(|p| !kept.contains(p)),
+        "{b_got:?} {kept:?}"
+    );
+
+    // The zombie's view: epoch 1 commits are stale, an epoch ahead is fenced.
+    assert_eq!(
+        kip848_commit(coordinator, group, "a", 1, 9).await,
+        STALE_MEMBER_EPOCH
+    );
+    assert_eq!(
+        kip848_heartbeat(coordinator, group, "a", 3, None).await.0,
+        FENCED_MEMBER_EPOCH
+    );
+    assert_eq!(
+        kip848_heartbeat(coordinator, group, "zombie", 2, None)
+            .await
+            .0,
+        UNKNOWN_MEMBER_ID
+    );
+    assert_eq!(
+        kip848_commit(coordinator, group, "zombie", 2, 9).await,
+        UNKNOWN_MEMBER_ID
+    );
+    assert_eq!(
+        kip848_commit(coordinator, group, "a", 2, 8).await,
+        UNSUPPORTED_VERSION
+    );
+    let ResponseKind::JoinGroup(join) =
+        kafka_call(coordinator, ApiKey::JoinGroup, 5, join_group(group, "")).await
+    else {
+        panic!("JoinGroup response")
+    };
+    assert_eq!(join.error_code, INCONSISTENT_GROUP_PROTOCOL);
+    // Only the accepted commit (offset 7 at epoch 1) was stored; A's current epoch commits.
+    assert_eq!(
+        testkit::kafka::committed_offsets(coordinator, group).await,
+        vec![("input".to_string(), 0, 7)]
+    );
+    assert_eq!(kip848_commit(coordinator, group, "a", 2, 9).await, 0);
+    // Leaving frees A's partitions for B.
+    assert_eq!(
+        kip848_heartbeat(coordinator, group, "a", -1, None).await.0,
+        0
+    );
+    let (code, epoch, b_all) = kip848_heartbeat(coordinator, group, "b", 2, Some(&b_got)).await;
+    assert_eq!((code, epoch), (0, 3));
+    assert_eq!(b_all, Some(vec![0, 1, 2]));
+    cluster.shutdown().await.unwrap();
+}
+
+/// KIP-848 with librdkafka (`group.protocol=consumer`): two consumers share `input` through the
+/// coordinator's assignment, hand partitions over as B joins and A leaves, and read every
+/// record exactly once with their commits (kip848_confluent.py says how).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consumer_protocol_shares_and_hands_over_partitions() {
+    let Some(python) = python().await else { return };
+    let cluster = kip848_cluster().await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(
+        &python,
+        "kip848_confluent.py",
+        &bootstrap,
+        &["kip848-group"],
+    )
+    .await;
+    assert_eq!(report["read"], 300, "{report}");
+    assert_eq!(report["duplicates"], 0, "{report}");
+    assert_eq!(report["b_final"], serde_json::json!([0, 1, 2]), "{report}");
+    assert_eq!(
+        report["committed"],
+        serde_json::json!([100, 100, 100]),
+        "{report}"
+    );
+    let a = report["shared"]["a"].as_array().unwrap().len();
+    let b = report["shared"]["b"].as_array().unwrap().len();
+    assert!(a > 0 && b > 0 && a + b == 3, "{report}");
     cluster.shutdown().await.unwrap();
 }

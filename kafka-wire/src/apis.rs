@@ -35,12 +35,12 @@ impl ApiRange {
 /// Answered by every node from the topology.
 ///
 /// - ApiVersions 0-3 (3 is flexible; 4 only adds a client-side feature).
-/// - Metadata 0-9: 10 and later carry topic ids, which mini-broker does not have.
+/// - Metadata 0-12: 10+ carry topic ids (derived from the names: topics are static).
 /// - FindCoordinator 0-4: 4 is the batched form (KIP-699).
 /// - DescribeConfigs 1-4 (`kafka-protocol` has no v0; Kafka 4 dropped it too).
 pub const COMMON_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::ApiVersions, 0, 3),
-    ApiRange::new(ApiKey::Metadata, 0, 9),
+    ApiRange::new(ApiKey::Metadata, 0, 12),
     ApiRange::new(ApiKey::FindCoordinator, 0, 4),
     ApiRange::new(ApiKey::DescribeConfigs, 1, 4),
 ];
@@ -65,7 +65,7 @@ pub const COORDINATOR_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::OffsetFetch, 1, 7),
     ApiRange::new(ApiKey::ListTransactions, 0, 1),
     ApiRange::new(ApiKey::DescribeTransactions, 0, 0),
-    ApiRange::new(ApiKey::OffsetCommit, 2, 8),
+    ApiRange::new(ApiKey::OffsetCommit, 2, 9),
     ApiRange::new(ApiKey::JoinGroup, 0, 7),
     ApiRange::new(ApiKey::SyncGroup, 0, 5),
     ApiRange::new(ApiKey::Heartbeat, 0, 4),
@@ -74,6 +74,7 @@ pub const COORDINATOR_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::DescribeGroups, 0, 5),
     ApiRange::new(ApiKey::DeleteGroups, 0, 2),
     ApiRange::new(ApiKey::OffsetDelete, 0, 0),
+    ApiRange::new(ApiKey::ConsumerGroupHeartbeat, 0, 1),
 ];
 
 /// The APIs one table holds.
@@ -173,6 +174,6 @@ mod tests {
             let valid = api.key.valid_versions();
             assert!(api.min >= valid.min && api.max <= valid.max, "{api:?}");
         }
-        assert_eq!(table.apis().len(), 4 + 6 + 17 - 1);
+        assert_eq!(table.apis().len(), 4 + 6 + 18 - 1);
     }
 }

@@ -6,6 +6,12 @@
 //! Kafka address makes its partitions LEADER_NOT_AVAILABLE; a coordinator without one makes
 //! FindCoordinator answer COORDINATOR_NOT_AVAILABLE. Topics are never auto-created: an unknown
 //! topic is UNKNOWN_TOPIC_OR_PARTITION.
+//!
+//! Topic ids (Metadata v10+): every topic has the id [`cluster::topic_id`] derives from its
+//! name, the same on every node and across restarts (topics are static). From v10 a request may
+//! name a topic by id with a null name, as librdkafka's KIP-848 consumer does for the topic ids
+//! of its assignment: the answer carries the name; an unknown id (the zero id included) is
+//! UNKNOWN_TOPIC_ID with a null name, as in Kafka.
 
 use cluster::{Node, Topology};
 use kafka_protocol::error::ResponseError;
@@ -36,6 +42,14 @@ fn has_kafka(topology: &Topology, id: i32) -> bool {
         .any(|n| n.id == id && n.kafka_address.as_deref().and_then(host_port).is_some())
 }
 
+/// A topic a Metadata request asks for.
+enum Asked {
+    /// By name (every version).
+    Name(String),
+    /// By topic id, with a null name (v10+).
+    Id(uuid::Uuid),
+}
+
 /// The Metadata response for `request` at `version`, as node `node_id` answers it.
 pub fn metadata(
     topology: &Topology,
@@ -56,43 +70,78 @@ pub fn metadata(
         .collect();
     response.cluster_id = Some(str_bytes(CLUSTER_ID));
     response.controller_id = BrokerId(node_id);
-    let names: Vec<String> = match &request.topics {
+    // Each topic asked for, by name, or (v10+) by id with a null name; null: every topic.
+    let asked: Vec<Asked> = match &request.topics {
         // v0: an empty list means every topic; v1+: null means every topic.
         Some(topics) if !(version == 0 && topics.is_empty()) => topics
             .iter()
-            .map(|t| t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default())
-            .collect(),
-        _ => topology.topics.iter().map(|t| t.name.clone()).collect(),
-    };
-    response.topics = names
-        .into_iter()
-        .map(|name| {
-            let mut t = MetadataResponseTopic::default();
-            t.name = Some(TopicName(str_bytes(name.clone())));
-            t.topic_authorized_operations = i32::MIN;
-            match topology.topic(&name) {
-                None => t.error_code = ResponseError::UnknownTopicOrPartition.code(),
-                Some(topic) => {
-                    t.partitions = topic
-                        .leaders
-                        .iter()
-                        .enumerate()
-                        .map(|(index, &leader)| {
-                            let mut p = MetadataResponsePartition::default();
-                            p.partition_index = index as i32;
-                            p.leader_epoch = 0;
-                            if has_kafka(topology, leader) {
-                                p.leader_id = BrokerId(leader);
-                                p.replica_nodes = vec![BrokerId(leader)];
-                                p.isr_nodes = vec![BrokerId(leader)];
-                            } else {
-                                p.error_code = ResponseError::LeaderNotAvailable.code();
-                                p.leader_id = BrokerId(-1);
-                            }
-                            p
-                        })
-                        .collect();
+            .map(|t| {
+                let name = t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default();
+                // An empty name with an id counts as no name (an id is what it asks by).
+                if version >= 10 && name.is_empty() && (t.name.is_none() || !t.topic_id.is_nil()) {
+                    Asked::Id(t.topic_id)
+                } else {
+                    Asked::Name(name)
                 }
+            })
+            .collect(),
+        _ => topology
+            .topics
+            .iter()
+            .map(|t| Asked::Name(t.name.clone()))
+            .collect(),
+    };
+    response.topics = asked
+        .into_iter()
+        .map(|asked| {
+            let mut t = MetadataResponseTopic::default();
+            t.topic_authorized_operations = i32::MIN;
+            let topic = match asked {
+                Asked::Name(name) => {
+                    t.name = Some(TopicName(str_bytes(name.clone())));
+                    let topic = topology.topic(&name);
+                    if topic.is_none() {
+                        t.error_code = ResponseError::UnknownTopicOrPartition.code();
+                    }
+                    topic
+                }
+                Asked::Id(id) => {
+                    t.topic_id = id;
+                    let topic = topology.topic_by_id(id.as_bytes());
+                    match topic {
+                        Some(topic) => t.name = Some(TopicName(str_bytes(topic.name.clone()))),
+                        None => {
+                            t.error_code = ResponseError::UnknownTopicId.code();
+                            // Nullable from v12; an empty name before.
+                            t.name = (version < 12).then(|| TopicName(str_bytes("")));
+                        }
+                    }
+                    topic
+                }
+            };
+            if let Some(topic) = topic {
+                if version >= 10 {
+                    t.topic_id = uuid::Uuid::from_bytes(cluster::topic_id(&topic.name));
+                }
+                t.partitions = topic
+                    .leaders
+                    .iter()
+                    .enumerate()
+                    .map(|(index, &leader)| {
+                        let mut p = MetadataResponsePartition::default();
+                        p.partition_index = index as i32;
+                        p.leader_epoch = 0;
+                        if has_kafka(topology, leader) {
+                            p.leader_id = BrokerId(leader);
+                            p.replica_nodes = vec![BrokerId(leader)];
+                            p.isr_nodes = vec![BrokerId(leader)];
+                        } else {
+                            p.error_code = ResponseError::LeaderNotAvailable.code();
+                            p.leader_id = BrokerId(-1);
+                        }
+                        p
+                    })
+                    .collect();
             }
             t
         })
@@ -232,6 +281,43 @@ mod tests {
         request.topics = Some(vec![]);
         assert!(metadata(&t, 1, &request, 1).topics.is_empty());
         assert_eq!(metadata(&t, 1, &request, 0).topics.len(), 1);
+    }
+
+    #[test]
+    fn metadata_v10_to_12_carries_topic_ids_and_answers_topics_asked_by_id() {
+        let t = topology();
+        let id = uuid::Uuid::from_bytes(t.topic_id("t").unwrap());
+        assert!(!id.is_nil());
+        let mut request = MetadataRequest::default();
+        request.topics = None;
+        for version in 10..=12 {
+            let response = metadata(&t, 1, &request, version);
+            assert_eq!(response.topics[0].topic_id, id, "v{version}");
+            // Every encoding of the version works.
+            let mut buf = bytes::BytesMut::new();
+            kafka_protocol::protocol::Encodable::encode(&response, &mut buf, version).unwrap();
+        }
+        assert!(metadata(&t, 1, &request, 9).topics[0].topic_id.is_nil());
+        // By id, with a null name: the name comes back.
+        let mut by_id = MetadataRequestTopic::default();
+        by_id.topic_id = id;
+        by_id.name = None;
+        let mut unknown = MetadataRequestTopic::default();
+        unknown.topic_id = uuid::Uuid::from_bytes([7; 16]);
+        let mut nil = MetadataRequestTopic::default();
+        nil.name = None;
+        let mut by_name = MetadataRequestTopic::default();
+        by_name.name = Some(TopicName(str_bytes("t")));
+        request.topics = Some(vec![by_id, unknown, nil, by_name]);
+        let response = metadata(&t, 1, &request, 12);
+        let topics = &response.topics;
+        assert_eq!(topics[0].name.as_ref().unwrap().0.as_str(), "t");
+        assert_eq!((topics[0].error_code, topics[0].partitions.len()), (0, 2));
+        for unknown in &topics[1..3] {
+            assert_eq!(unknown.error_code, ResponseError::UnknownTopicId.code());
+            assert!(unknown.name.is_none() && unknown.partitions.is_empty());
+        }
+        assert_eq!((topics[3].topic_id, topics[3].error_code), (id, 0));
     }
 
     #[test]

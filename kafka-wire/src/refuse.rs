@@ -2,8 +2,8 @@
 //! partition's leader (NOT_LEADER_OR_FOLLOWER, per partition) or not the key's coordinator
 //! (NOT_COORDINATOR). Clients then refresh their metadata or find the coordinator again.
 //! ListTransactions and ListGroups on a node that coordinates nothing are empty lists, as on a
-//! Kafka broker without transaction state or group partitions; DeleteGroups and OffsetDelete
-//! are NOT_COORDINATOR.
+//! Kafka broker without transaction state or group partitions; DeleteGroups, OffsetDelete and
+//! ConsumerGroupHeartbeat are NOT_COORDINATOR.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::add_partitions_to_txn_response::{
@@ -364,6 +364,11 @@ pub fn not_served_here(request: &RequestKind, version: i16) -> Option<ResponseKi
             response.error_code = not_coordinator;
             ResponseKind::OffsetDelete(response)
         }
+        RequestKind::ConsumerGroupHeartbeat(_) => {
+            let mut response = kafka_protocol::messages::ConsumerGroupHeartbeatResponse::default();
+            response.error_code = not_coordinator;
+            ResponseKind::ConsumerGroupHeartbeat(response)
+        }
         _ => return None,
     })
 }
@@ -413,6 +418,9 @@ mod tests {
                 RequestKind::DeleteGroups(r)
             }
             ApiKey::OffsetDelete => RequestKind::OffsetDelete(Default::default()),
+            ApiKey::ConsumerGroupHeartbeat => {
+                RequestKind::ConsumerGroupHeartbeat(Default::default())
+            }
             ApiKey::DescribeGroups => {
                 let mut r = DescribeGroupsRequest::default();
                 r.groups.push(GroupId(crate::str_bytes("g")));

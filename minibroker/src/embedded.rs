@@ -55,6 +55,9 @@ pub struct EmbeddedOptions {
     pub unsafe_skip_epoch_check: bool,
     /// Coordinators' `group.initial.rebalance.delay.ms` (default 3 s, as Kafka's).
     pub group_initial_rebalance_delay: Duration,
+    /// Coordinators' `group.consumer.heartbeat.interval.ms` for KIP-848 consumer groups
+    /// (default 5 s, as Kafka's; tests use less).
+    pub group_consumer_heartbeat_interval: Duration,
     /// Leaders' `producer.id.expiration.ms` and how often they look for expired states
     /// (default 1 day and 10 minutes, as Kafka's; tests use less).
     pub producer_id_expiration: (Duration, Duration),
@@ -81,6 +84,8 @@ impl Default for EmbeddedOptions {
             max_transaction_timeout_ms: cluster::MAX_TRANSACTION_TIMEOUT_MS,
             unsafe_skip_epoch_check: false,
             group_initial_rebalance_delay: coordinator::DEFAULT_GROUP_INITIAL_REBALANCE_DELAY,
+            group_consumer_heartbeat_interval:
+                coordinator::DEFAULT_GROUP_CONSUMER_HEARTBEAT_INTERVAL,
             producer_id_expiration: (
                 partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION,
                 partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL,
@@ -265,6 +270,8 @@ impl EmbeddedCluster {
                 config.marker_retry_backoff = options.marker_retry_backoff;
                 config.max_transaction_timeout_ms = options.max_transaction_timeout_ms;
                 config.group_initial_rebalance_delay = options.group_initial_rebalance_delay;
+                config.group_consumer_heartbeat_interval =
+                    options.group_consumer_heartbeat_interval;
                 config.cluster_secret = Some(secret);
                 config.peer_check_interval = Duration::from_millis(200);
                 tokio::spawn(async move {

@@ -47,6 +47,15 @@ impl LocalService {
             .unwrap_or(i64::MAX)
     }
 
+    /// KIP-848 groups' (heartbeat interval, session timeout), in milliseconds, as configured.
+    pub(crate) fn group_consumer_timeouts_ms(&self) -> (i32, i64) {
+        let config = &self.shared.config;
+        (
+            i32::try_from(config.group_consumer_heartbeat_interval.as_millis()).unwrap_or(i32::MAX),
+            i64::try_from(config.group_consumer_session_timeout.as_millis()).unwrap_or(i64::MAX),
+        )
+    }
+
     /// This node's life: `<node id>.<coordinator generation>`, which no other node, and no
     /// earlier or later start of this one, has (the generation is bumped and persisted at every
     /// start, before anything is served).

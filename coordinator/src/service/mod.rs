@@ -141,6 +141,14 @@ pub const DEFAULT_TRANSACTIONAL_ID_EXPIRATION: Duration = Duration::from_secs(7 
 /// Default of [`CoordinatorConfig::group_initial_rebalance_delay`]: 3 s, as Kafka's.
 pub const DEFAULT_GROUP_INITIAL_REBALANCE_DELAY: Duration = Duration::from_secs(3);
 
+/// Default of [`CoordinatorConfig::group_consumer_heartbeat_interval`]: 5 s, as Kafka's
+/// `group.consumer.heartbeat.interval.ms`.
+pub const DEFAULT_GROUP_CONSUMER_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Default of [`CoordinatorConfig::group_consumer_session_timeout`]: 45 s, as Kafka's
+/// `group.consumer.session.timeout.ms`.
+pub const DEFAULT_GROUP_CONSUMER_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
+
 /// How to run a coordinator.
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
@@ -172,6 +180,12 @@ pub struct CoordinatorConfig {
     /// How long the first rebalance of an empty consumer group waits for more members (Kafka's
     /// `group.initial.rebalance.delay.ms`, default [`DEFAULT_GROUP_INITIAL_REBALANCE_DELAY`]).
     pub group_initial_rebalance_delay: Duration,
+    /// How often members of KIP-848 consumer groups heartbeat (Kafka's
+    /// `group.consumer.heartbeat.interval.ms`).
+    pub group_consumer_heartbeat_interval: Duration,
+    /// How long a KIP-848 consumer group member may stay silent before it is removed (Kafka's
+    /// `group.consumer.session.timeout.ms`).
+    pub group_consumer_session_timeout: Duration,
     /// Where this node counts what it does (serve them with [`cluster::metrics::serve_http`]).
     pub metrics: Metrics,
 }
@@ -195,6 +209,8 @@ impl CoordinatorConfig {
             max_prepare_wait: DEFAULT_MAX_PREPARE_WAIT,
             transactional_id_expiration: DEFAULT_TRANSACTIONAL_ID_EXPIRATION,
             group_initial_rebalance_delay: DEFAULT_GROUP_INITIAL_REBALANCE_DELAY,
+            group_consumer_heartbeat_interval: DEFAULT_GROUP_CONSUMER_HEARTBEAT_INTERVAL,
+            group_consumer_session_timeout: DEFAULT_GROUP_CONSUMER_SESSION_TIMEOUT,
             metrics: Metrics::new(),
         }
     }

@@ -1,0 +1,1145 @@
+//! KIP-848's consumer group protocol (ConsumerGroupHeartbeat, `group.protocol=consumer`) as a
+//! pure state machine: the coordinator assigns the partitions, members reconcile one heartbeat
+//! at a time, and every member carries a **member epoch** that fences it the way a producer
+//! epoch fences a producer.
+//!
+//! How a group moves, as in Kafka's group coordinator (`GroupMetadataManager`,
+//! `CurrentAssignmentBuilder`):
+//! 1. A member joins with member epoch 0 and its subscription (topic names, or a regular
+//!    expression). A join, a departure or a changed subscription bumps the **group epoch**, and
+//!    the coordinator computes the **target assignment** for that epoch at once (the `uniform`
+//!    assignor by default, `range` on request; both in [`assign`]).
+//! 2. Each member reconciles toward its target on its heartbeats:
+//!    - partitions it holds that the target takes away must be **revoked first**: the member
+//!      keeps its epoch and is told to drop them (state UNREVOKED_PARTITIONS) and acknowledges
+//!      by heartbeating without them;
+//!    - then it moves to the target's epoch and gets its new partitions, but only those no other
+//!      member still holds (state UNRELEASED_PARTITIONS until they are released).
+//!
+//!    So no partition is ever held by two members at once: what a member is given is free.
+//! 3. A member that stops heartbeating for its session timeout, or that keeps partitions it was
+//!    told to revoke past its rebalance timeout, is removed and its partitions are freed.
+//!
+//! Fencing: a heartbeat whose member epoch is ahead of the member's, or behind it other than
+//! the one accepted case (the previous epoch, holding only partitions still assigned: the reply
+//! that bumped it was lost), is FENCED_MEMBER_EPOCH; an unknown member id is UNKNOWN_MEMBER_ID.
+//! An offset commit ([`ConsumerGroup::check_commit`]) must carry the member's current epoch
+//! exactly (STALE_MEMBER_EPOCH otherwise), so a zombie consumer that lost its partitions can no
+//! longer move their offsets, and a transactional one cannot commit with them (KIP-447 with
+//! member epochs).
+//!
+//! Choices where Kafka's behaviour is not needed or not wanted here:
+//! - A join (epoch 0) with the id of a known member replaces it: the old incarnation is removed
+//!   (its partitions are freed, its epoch is no longer anyone's) and the new one starts over.
+//!   Kafka answers FENCED_MEMBER_EPOCH until the old one's session expires.
+//! - A static member's temporary leave (epoch -2) leaves like -1: its partitions are freed at
+//!   once rather than kept for its return within the session timeout.
+//! - A static member (instance id) that joins while another live member holds the instance id
+//!   is UNRELEASED_INSTANCE_ID, as in Kafka.
+//! - Membership is not persisted (as for classic groups, [`crate::consumer_groups`]): after a
+//!   coordinator restart every member is unknown (UNKNOWN_MEMBER_ID) and rejoins; its commits
+//!   are refused until it has, so the fencing holds across restarts.
+//! - No rack awareness; no group size limit.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cluster::TopicPartition;
+
+/// Kafka's `group.consumer.session.timeout.ms` default.
+pub const DEFAULT_SESSION_TIMEOUT_MS: i64 = 45_000;
+/// Kafka's `group.consumer.heartbeat.interval.ms` default.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: i32 = 5_000;
+/// The member epoch of a join.
+pub const JOIN_EPOCH: i32 = 0;
+/// The member epoch of a leave.
+pub const LEAVE_EPOCH: i32 = -1;
+/// The member epoch of a static member's temporary leave.
+pub const STATIC_LEAVE_EPOCH: i32 = -2;
+/// The server-side assignors this coordinator has (`group.remote.assignor`).
+pub const ASSIGNORS: [&str; 2] = ["uniform", "range"];
+/// The longest subscription regular expression accepted, in bytes.
+pub const MAX_REGEX_LEN: usize = 1024;
+
+/// Why a heartbeat or a commit was refused (each is one of Kafka's error codes).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConsumerGroupError {
+    /// INVALID_REQUEST.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// UNKNOWN_MEMBER_ID.
+    #[error("unknown member {0:?}")]
+    UnknownMemberId(String),
+    /// FENCED_MEMBER_EPOCH.
+    #[error("member epoch {got} does not match the member's {current}: the member must rejoin")]
+    FencedMemberEpoch {
+        /// The caller's.
+        got: i32,
+        /// The member's.
+        current: i32,
+    },
+    /// STALE_MEMBER_EPOCH.
+    #[error("member epoch {got} is not the member's {current}")]
+    StaleMemberEpoch {
+        /// The caller's.
+        got: i32,
+        /// The member's.
+        current: i32,
+    },
+    /// UNSUPPORTED_ASSIGNOR.
+    #[error("unknown assignor {0:?}")]
+    UnsupportedAssignor(String),
+    /// UNRELEASED_INSTANCE_ID.
+    #[error("instance id {0:?} is held by a live member")]
+    UnreleasedInstanceId(String),
+    /// UNSUPPORTED_VERSION: a member of this protocol must commit with OffsetCommit v9+.
+    #[error("members of a consumer-protocol group commit with OffsetCommit v9 or later")]
+    UnsupportedVersion,
+}
+
+/// One ConsumerGroupHeartbeat, decoded (topic ids already resolved to names by the shell; an
+/// owned partition of an unknown topic id is left out).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// The member's id (client-generated from v1; empty on a v0 join: the coordinator makes one).
+    pub member_id: String,
+    /// 0 joins, -1 leaves, -2 leaves a static member, otherwise the member's epoch.
+    pub member_epoch: i32,
+    /// `group.instance.id` (static membership).
+    pub instance_id: Option<String>,
+    /// -1: unchanged.
+    pub rebalance_timeout_ms: i32,
+    /// `None`: unchanged.
+    pub subscribed_topic_names: Option<Vec<String>>,
+    /// `None`: unchanged; an empty string clears it.
+    pub subscribed_topic_regex: Option<String>,
+    /// `None`: unchanged.
+    pub server_assignor: Option<String>,
+    /// The partitions the member owns now (`None`: unchanged since its last heartbeat).
+    pub owned: Option<BTreeSet<TopicPartition>>,
+}
+
+/// What a heartbeat is answered with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeartbeatReply {
+    /// The member's id.
+    pub member_id: String,
+    /// Its epoch now (-1 / -2 after a leave).
+    pub member_epoch: i32,
+    /// How often it should heartbeat.
+    pub heartbeat_interval_ms: i32,
+    /// Its assignment, when the member must learn it (a join, a full heartbeat, a change).
+    pub assignment: Option<BTreeSet<TopicPartition>>,
+}
+
+/// Where a member is in its reconciliation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    /// At the target assignment's epoch, holding all of its target.
+    Stable,
+    /// Told to revoke partitions, waiting for its acknowledgement.
+    UnrevokedPartitions,
+    /// At the target epoch, waiting for partitions other members still hold.
+    UnreleasedPartitions,
+}
+
+impl MemberState {
+    /// Kafka's name for it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            MemberState::Stable => "STABLE",
+            MemberState::UnrevokedPartitions => "UNREVOKED_PARTITIONS",
+            MemberState::UnreleasedPartitions => "UNRELEASED_PARTITIONS",
+        }
+    }
+}
+
+/// One member.
+#[derive(Clone, Debug)]
+pub struct Member {
+    /// Its id.
+    pub id: String,
+    /// Its `group.instance.id`.
+    pub instance_id: Option<String>,
+    /// Its epoch (0 until its first assignment).
+    pub epoch: i32,
+    /// The epoch before the last bump (accepted once if the bump's reply was lost).
+    pub previous_epoch: i32,
+    /// Its reconciliation state.
+    pub state: MemberState,
+    /// The topics it subscribes to by name.
+    pub topics: BTreeSet<String>,
+    /// Its subscription regular expression, if any.
+    pub regex: Option<String>,
+    /// Its server assignor choice (`None`: the default).
+    pub assignor: Option<String>,
+    /// Its rebalance timeout.
+    pub rebalance_timeout_ms: i64,
+    /// The partitions it holds now.
+    pub assigned: BTreeSet<TopicPartition>,
+    /// The partitions it was told to revoke and has not yet acknowledged.
+    pub revoking: BTreeSet<TopicPartition>,
+    /// The assignment it was last sent.
+    sent: Option<BTreeSet<TopicPartition>>,
+    /// When it last heartbeated.
+    last_heartbeat_ms: i64,
+    /// When it was told to revoke (the rebalance timeout runs from here).
+    revoke_since_ms: Option<i64>,
+}
+
+/// A consumer-protocol group: members, epochs and the target assignment.
+#[derive(Clone, Debug)]
+pub struct ConsumerGroup {
+    group_id: String,
+    /// The topics that exist and their partition counts (the topology's).
+    topics: BTreeMap<String, i32>,
+    group_epoch: i32,
+    target_epoch: i32,
+    target: BTreeMap<String, BTreeSet<TopicPartition>>,
+    members: BTreeMap<String, Member>,
+    /// Who holds each held partition (assigned or revoking).
+    owners: BTreeMap<TopicPartition, String>,
+    session_timeout_ms: i64,
+    heartbeat_interval_ms: i32,
+    /// Member ids handed out to v0 joins.
+    next_member: u64,
+    /// Makes those ids unique to this life of the group.
+    incarnation: String,
+}
+
+impl ConsumerGroup {
+    /// An empty group over `topics` (name -> partition count).
+    pub fn new(group_id: &str, topics: BTreeMap<String, i32>) -> Self {
+        Self {
+            group_id: group_id.to_string(),
+            topics,
+            group_epoch: 0,
+            target_epoch: 0,
+            target: BTreeMap::new(),
+            members: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            session_timeout_ms: DEFAULT_SESSION_TIMEOUT_MS,
+            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
+            next_member: 0,
+            incarnation: String::new(),
+        }
+    }
+
+    /// With Kafka's `group.consumer.session.timeout.ms` and `heartbeat.interval.ms`.
+    pub fn with_timeouts(mut self, session_timeout_ms: i64, heartbeat_interval_ms: i32) -> Self {
+        self.session_timeout_ms = session_timeout_ms.max(1);
+        self.heartbeat_interval_ms = heartbeat_interval_ms.max(1);
+        self
+    }
+
+    /// Makes the member ids this group hands out (v0 joins) unique to this life.
+    pub fn with_incarnation(mut self, incarnation: &str) -> Self {
+        self.incarnation = incarnation.to_string();
+        self
+    }
+
+    /// The group's id.
+    pub fn group_id(&self) -> &str {
+        &self.group_id
+    }
+
+    /// The group epoch.
+    pub fn group_epoch(&self) -> i32 {
+        self.group_epoch
+    }
+
+    /// The target assignment's epoch.
+    pub fn target_epoch(&self) -> i32 {
+        self.target_epoch
+    }
+
+    /// No members.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The members, by id.
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.members.values()
+    }
+
+    /// A member's target assignment.
+    pub fn target_of(&self, member_id: &str) -> BTreeSet<TopicPartition> {
+        self.target.get(member_id).cloned().unwrap_or_default()
+    }
+
+    /// Kafka's group state name: Empty, Assigning (target behind the group epoch; never here,
+    /// the target is computed at once), Reconciling (a member not yet at the target) or Stable.
+    pub fn state_name(&self) -> &'static str {
+        if self.members.is_empty() {
+            "Empty"
+        } else if self.target_epoch != self.group_epoch {
+            "Assigning"
+        } else if self
+            .members
+            .values()
+            .any(|m| m.epoch != self.target_epoch || m.state != MemberState::Stable)
+        {
+            "Reconciling"
+        } else {
+            "Stable"
+        }
+    }
+
+    /// The topics a member subscribes to: its names and its regular expression's matches,
+    /// among the topics that exist.
+    fn subscribed(&self, m: &Member) -> BTreeSet<String> {
+        let re = m
+            .regex
+            .as_deref()
+            .and_then(|r| regex::Regex::new(&format!("^(?:{r})$")).ok());
+        self.topics
+            .keys()
+            .filter(|t| m.topics.contains(*t) || re.as_ref().is_some_and(|re| re.is_match(t)))
+            .cloned()
+            .collect()
+    }
+
+    /// Handles one heartbeat at `now_ms`: silent members are expired first ([`Self::tick`]).
+    pub fn heartbeat(
+        &mut self,
+        hb: Heartbeat,
+        now_ms: i64,
+    ) -> Result<HeartbeatReply, ConsumerGroupError> {
+        validate(&hb)?;
+        self.tick(now_ms);
+        if hb.member_epoch == LEAVE_EPOCH || hb.member_epoch == STATIC_LEAVE_EPOCH {
+            let id = match (&hb.instance_id, self.members.contains_key(&hb.member_id)) {
+                (_, true) => hb.member_id.clone(),
+                (Some(instance), false) => self
+                    .static_member(instance)
+                    .ok_or_else(|| ConsumerGroupError::UnknownMemberId(hb.member_id.clone()))?,
+                (None, false) => return Err(ConsumerGroupError::UnknownMemberId(hb.member_id)),
+            };
+            self.remove(&id);
+            return Ok(HeartbeatReply {
+                member_id: hb.member_id,
+                member_epoch: hb.member_epoch,
+                heartbeat_interval_ms: 0,
+                assignment: None,
+            });
+        }
+        let mut changed = false;
+        let joining = hb.member_epoch == JOIN_EPOCH;
+        let member_id = if joining {
+            let id = if hb.member_id.is_empty() {
+                self.next_member += 1;
+                format!(
+                    "{}-{}-{}",
+                    self.group_id, self.incarnation, self.next_member
+                )
+            } else {
+                hb.member_id.clone()
+            };
+            if let Some(instance) = &hb.instance_id {
+                if let Some(holder) = self.static_member(instance) {
+                    if holder != id {
+                        return Err(ConsumerGroupError::UnreleasedInstanceId(instance.clone()));
+                    }
+                }
+            }
+            if self.members.contains_key(&id) {
+                // A new incarnation of a known member: the old one goes, partitions and all.
+                self.remove(&id);
+            }
+            self.members.insert(
+                id.clone(),
+                Member {
+                    id: id.clone(),
+                    instance_id: hb.instance_id.clone(),
+                    epoch: 0,
+                    previous_epoch: -1,
+                    state: MemberState::Stable,
+                    topics: BTreeSet::new(),
+                    regex: None,
+                    assignor: None,
+                    rebalance_timeout_ms: i64::from(hb.rebalance_timeout_ms.max(0)),
+                    assigned: BTreeSet::new(),
+                    revoking: BTreeSet::new(),
+                    sent: None,
+                    last_heartbeat_ms: now_ms,
+                    revoke_since_ms: None,
+                },
+            );
+            changed = true;
+            id
+        } else {
+            let m = self
+                .members
+                .get(&hb.member_id)
+                .ok_or_else(|| ConsumerGroupError::UnknownMemberId(hb.member_id.clone()))?;
+            if hb.member_epoch > m.epoch
+                || (hb.member_epoch < m.epoch
+                    && (hb.member_epoch != m.previous_epoch
+                        || !hb.owned.as_ref().is_some_and(|o| o.is_subset(&m.assigned))))
+            {
+                return Err(ConsumerGroupError::FencedMemberEpoch {
+                    got: hb.member_epoch,
+                    current: m.epoch,
+                });
+            }
+            if let Some(instance) = &hb.instance_id {
+                if m.instance_id.as_deref() != Some(instance) {
+                    return Err(ConsumerGroupError::UnknownMemberId(hb.member_id.clone()));
+                }
+            }
+            hb.member_id.clone()
+        };
+        let member = self.members.get_mut(&member_id).expect("present");
+        member.last_heartbeat_ms = now_ms;
+        if hb.rebalance_timeout_ms >= 0 {
+            member.rebalance_timeout_ms = i64::from(hb.rebalance_timeout_ms);
+        }
+        if let Some(names) = hb.subscribed_topic_names {
+            let names: BTreeSet<String> = names.into_iter().collect();
+            changed |= names != member.topics;
+            member.topics = names;
+        }
+        if let Some(regex) = hb.subscribed_topic_regex {
+            let regex = (!regex.is_empty()).then_some(regex);
+            changed |= regex != member.regex;
+            member.regex = regex;
+        }
+        if let Some(assignor) = hb.server_assignor {
+            changed |= Some(&assignor) != member.assignor.as_ref();
+            member.assignor = Some(assignor);
+        }
+        if changed {
+            self.group_epoch += 1;
+            self.compute_target();
+        }
+        let owned = hb.owned;
+        self.reconcile(&member_id, owned.as_ref(), now_ms);
+        let member = self.members.get_mut(&member_id).expect("present");
+        let send = joining || owned.is_some() || member.sent.as_ref() != Some(&member.assigned);
+        let assignment = send.then(|| member.assigned.clone());
+        if send {
+            member.sent = Some(member.assigned.clone());
+        }
+        Ok(HeartbeatReply {
+            member_id,
+            member_epoch: member.epoch,
+            heartbeat_interval_ms: self.heartbeat_interval_ms,
+            assignment,
+        })
+    }
+
+    /// The live member holding `instance_id`.
+    fn static_member(&self, instance_id: &str) -> Option<String> {
+        self.members
+            .values()
+            .find(|m| m.instance_id.as_deref() == Some(instance_id))
+            .map(|m| m.id.clone())
+    }
+
+    /// Removes a member: its partitions are freed and the group epoch is bumped.
+    fn remove(&mut self, member_id: &str) {
+        if let Some(m) = self.members.remove(member_id) {
+            for tp in m.assigned.iter().chain(&m.revoking) {
+                if self.owners.get(tp).map(String::as_str) == Some(member_id) {
+                    self.owners.remove(tp);
+                }
+            }
+            self.group_epoch += 1;
+            self.compute_target();
+        }
+    }
+
+    /// Recomputes the target assignment for the current group epoch.
+    fn compute_target(&mut self) {
+        let subscriptions: BTreeMap<String, BTreeSet<String>> = self
+            .members
+            .values()
+            .map(|m| (m.id.clone(), self.subscribed(m)))
+            .collect();
+        // The group's assignor: the one most members chose (ties by name), else uniform.
+        let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
+        for m in self.members.values() {
+            if let Some(a) = m.assignor.as_deref() {
+                *votes.entry(a).or_default() += 1;
+            }
+        }
+        let assignor = votes
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+            .map_or("uniform", |(a, _)| a);
+        self.target = assign(assignor, &subscriptions, &self.topics, &self.target);
+        self.target_epoch = self.group_epoch;
+    }
+
+    /// Moves `member_id` toward its target as Kafka's `CurrentAssignmentBuilder` does.
+    fn reconcile(
+        &mut self,
+        member_id: &str,
+        owned: Option<&BTreeSet<TopicPartition>>,
+        now_ms: i64,
+    ) {
+        let target = self.target_of(member_id);
+        let target_epoch = self.target_epoch;
+        let Some(m) = self.members.get(member_id) else {
+            return;
+        };
+        if m.state == MemberState::UnrevokedPartitions {
+            // Acknowledged once it owns none of what it was told to revoke.
+            let acked = owned.is_some_and(|o| o.is_disjoint(&m.revoking));
+            if !acked {
+                return;
+            }
+            let revoked = m.revoking.clone();
+            for tp in &revoked {
+                if self.owners.get(tp).map(String::as_str) == Some(member_id) {
+                    self.owners.remove(tp);
+                }
+            }
+            let m = self.members.get_mut(member_id).expect("present");
+            m.revoking.clear();
+            m.revoke_since_ms = None;
+            m.state = MemberState::Stable;
+        }
+        let m = self.members.get(member_id).expect("present");
+        if m.epoch == target_epoch && m.state == MemberState::Stable {
+            return;
+        }
+        let keep: BTreeSet<TopicPartition> = m.assigned.intersection(&target).cloned().collect();
+        let revoke: BTreeSet<TopicPartition> = m.assigned.difference(&target).cloned().collect();
+        let m = self.members.get_mut(member_id).expect("present");
+        if !revoke.is_empty() {
+            m.assigned = keep;
+            m.revoking = revoke;
+            m.state = MemberState::UnrevokedPartitions;
+            m.revoke_since_ms = Some(now_ms);
+            return;
+        }
+        let mut assigned = keep;
+        let mut unreleased = false;
+        for tp in target.difference(&m.assigned.clone()) {
+            match self.owners.get(tp) {
+                Some(holder) if holder != member_id => unreleased = true,
+                _ => {
+                    assigned.insert(tp.clone());
+                }
+            }
+        }
+        for tp in &assigned {
+            self.owners.insert(tp.clone(), member_id.to_string());
+        }
+        let m = self.members.get_mut(member_id).expect("present");
+        if m.epoch != target_epoch {
+            m.previous_epoch = m.epoch;
+            m.epoch = target_epoch;
+        }
+        m.assigned = assigned;
+        m.state = if unreleased {
+            MemberState::UnreleasedPartitions
+        } else {
+            MemberState::Stable
+        };
+    }
+
+    /// Removes members whose session expired, and members that still hold partitions they
+    /// were told to revoke past their rebalance timeout; returns their ids.
+    pub fn tick(&mut self, now_ms: i64) -> Vec<String> {
+        let expired: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| {
+                now_ms - m.last_heartbeat_ms > self.session_timeout_ms
+                    || m.revoke_since_ms
+                        .is_some_and(|since| now_ms - since > m.rebalance_timeout_ms)
+            })
+            .map(|m| m.id.clone())
+            .collect();
+        for id in &expired {
+            self.remove(id);
+        }
+        expired
+    }
+
+    /// May this caller commit offsets for the group? As Kafka's `ConsumerGroup.
+    /// validateOffsetCommit`: a caller outside the group (epoch < 0, no member) only while the
+    /// group is empty; otherwise a member, at exactly its current epoch (STALE_MEMBER_EPOCH),
+    /// and a plain commit only with OffsetCommit v9+ (`member_epochs`).
+    pub fn check_commit(
+        &self,
+        member_id: &str,
+        member_epoch: i32,
+        transactional: bool,
+        member_epochs: bool,
+    ) -> Result<(), ConsumerGroupError> {
+        if member_epoch < 0 && self.members.is_empty() {
+            return Ok(());
+        }
+        let m = self
+            .members
+            .get(member_id)
+            .ok_or_else(|| ConsumerGroupError::UnknownMemberId(member_id.to_string()))?;
+        if !transactional && !member_epochs {
+            return Err(ConsumerGroupError::UnsupportedVersion);
+        }
+        if member_epoch != m.epoch {
+            return Err(ConsumerGroupError::StaleMemberEpoch {
+                got: member_epoch,
+                current: m.epoch,
+            });
+        }
+        Ok(())
+    }
+
+    /// The topics some member subscribes to (for OffsetDelete's GROUP_SUBSCRIBED_TO_TOPIC).
+    pub fn subscribed_topics(&self) -> BTreeSet<String> {
+        self.members
+            .values()
+            .flat_map(|m| self.subscribed(m))
+            .collect()
+    }
+}
+
+/// INVALID_REQUEST / UNSUPPORTED_ASSIGNOR for a malformed heartbeat, as Kafka's
+/// `throwIfConsumerGroupHeartbeatRequestIsInvalid`.
+fn validate(hb: &Heartbeat) -> Result<(), ConsumerGroupError> {
+    let invalid = |why: &str| Err(ConsumerGroupError::InvalidRequest(why.to_string()));
+    if hb.member_id.len() > cluster::MAX_ID_LEN {
+        return invalid("MemberId is too long");
+    }
+    if hb.instance_id.as_ref().is_some_and(|i| i.is_empty()) {
+        return invalid("InstanceId can't be empty");
+    }
+    if hb.member_epoch < STATIC_LEAVE_EPOCH {
+        return invalid("MemberEpoch is invalid");
+    }
+    if hb.member_epoch == JOIN_EPOCH {
+        if hb.rebalance_timeout_ms == -1 {
+            return invalid("RebalanceTimeoutMs must be provided in first request");
+        }
+        if hb.owned.as_ref().is_some_and(|o| !o.is_empty()) {
+            return invalid("TopicPartitions must be empty when (re-)joining");
+        }
+        let names = hb
+            .subscribed_topic_names
+            .as_ref()
+            .is_some_and(|n| !n.is_empty());
+        let regex = hb
+            .subscribed_topic_regex
+            .as_ref()
+            .is_some_and(|r| !r.is_empty());
+        if !names && !regex {
+            return invalid(
+                "SubscribedTopicNames or SubscribedTopicRegex must be set in first request",
+            );
+        }
+    } else if hb.member_id.is_empty() {
+        return invalid("MemberId can't be empty");
+    }
+    if hb.member_epoch == STATIC_LEAVE_EPOCH && hb.instance_id.is_none() {
+        return invalid("InstanceId can't be null when leaving as a static member");
+    }
+    if let Some(regex) = &hb.subscribed_topic_regex {
+        if regex.len() > MAX_REGEX_LEN || regex::Regex::new(regex).is_err() {
+            // Kafka answers INVALID_REGULAR_EXPRESSION from v1; INVALID_REQUEST says as much.
+            return invalid("SubscribedTopicRegex is not a valid regular expression");
+        }
+    }
+    if let Some(a) = &hb.server_assignor {
+        if !ASSIGNORS.contains(&a.as_str()) {
+            return Err(ConsumerGroupError::UnsupportedAssignor(a.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// The target assignment: every partition of every subscribed topic to exactly one member
+/// that subscribes to it.
+/// - `uniform` (Kafka's default): sticky and balanced. Each member keeps what `previous`
+///   gave it and still subscribes to; the rest goes to the least-loaded subscriber; then
+///   partitions move from a member holding two or more above the least-loaded subscriber of
+///   their topic until none does.
+/// - `range`: per topic, the subscribers in id order get contiguous ranges, the first
+///   `partitions % members` one more.
+pub fn assign(
+    assignor: &str,
+    subscriptions: &BTreeMap<String, BTreeSet<String>>,
+    topics: &BTreeMap<String, i32>,
+    previous: &BTreeMap<String, BTreeSet<TopicPartition>>,
+) -> BTreeMap<String, BTreeSet<TopicPartition>> {
+    let mut out: BTreeMap<String, BTreeSet<TopicPartition>> = subscriptions
+        .keys()
+        .map(|m| (m.clone(), BTreeSet::new()))
+        .collect();
+    let subscribers = |topic: &str| -> Vec<&String> {
+        subscriptions
+            .iter()
+            .filter(|(_, t)| t.contains(topic))
+            .map(|(m, _)| m)
+            .collect()
+    };
+    if assignor == "range" {
+        for (topic, &count) in topics {
+            let members = subscribers(topic);
+            if members.is_empty() {
+                continue;
+            }
+            let (n, m) = (count.max(0) as usize, members.len());
+            let mut next = 0usize;
+            for (i, member) in members.iter().enumerate() {
+                let take = n / m + usize::from(i < n % m);
+                for p in next..next + take {
+                    out.get_mut(*member)
+                        .expect("listed")
+                        .insert(TopicPartition::new(topic.as_str(), p as i32));
+                }
+                next += take;
+            }
+        }
+        return out;
+    }
+    // uniform: sticky first.
+    let mut owner: BTreeMap<TopicPartition, String> = BTreeMap::new();
+    for (member, held) in previous {
+        let Some(subscribed) = subscriptions.get(member) else {
+            continue;
+        };
+        for tp in held {
+            let exists = topics.get(&tp.topic).is_some_and(|&n| tp.partition < n);
+            if exists && subscribed.contains(&tp.topic) {
+                owner.insert(tp.clone(), member.clone());
+                out.get_mut(member).expect("listed").insert(tp.clone());
+            }
+        }
+    }
+    for (topic, &count) in topics {
+        let members = subscribers(topic);
+        if members.is_empty() {
+            continue;
+        }
+        for p in 0..count.max(0) {
+            let tp = TopicPartition::new(topic.as_str(), p);
+            if owner.contains_key(&tp) {
+                continue;
+            }
+            let least = members
+                .iter()
+                .min_by_key(|m| (out[m.as_str()].len(), m.as_str()))
+                .expect("non-empty");
+            owner.insert(tp.clone(), (*least).clone());
+            out.get_mut(least.as_str()).expect("listed").insert(tp);
+        }
+    }
+    // Balance: each move lowers the sum of squared loads, so this ends.
+    loop {
+        let mut moved = false;
+        let held: Vec<(TopicPartition, String)> = owner
+            .iter()
+            .map(|(tp, m)| (tp.clone(), m.clone()))
+            .collect();
+        for (tp, from) in held {
+            let members = subscribers(&tp.topic);
+            let least = members
+                .iter()
+                .min_by_key(|m| (out[m.as_str()].len(), m.as_str()))
+                .expect("the owner subscribes");
+            if out[&from].len() > out[least.as_str()].len() + 1 {
+                out.get_mut(&from).expect("listed").remove(&tp);
+                out.get_mut(least.as_str())
+                    .expect("listed")
+                    .insert(tp.clone());
+                owner.insert(tp, (*least).clone());
+                moved = true;
+            }
+        }
+        if !moved {
+            return out;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topics() -> BTreeMap<String, i32> {
+        [("orders".to_string(), 4), ("audit".to_string(), 2)]
+            .into_iter()
+            .collect()
+    }
+
+    fn join(id: &str, topics: &[&str]) -> Heartbeat {
+        Heartbeat {
+            member_id: id.into(),
+            member_epoch: 0,
+            rebalance_timeout_ms: 30_000,
+            subscribed_topic_names: Some(topics.iter().map(|t| t.to_string()).collect()),
+            owned: Some(BTreeSet::new()),
+            ..Default::default()
+        }
+    }
+
+    fn beat(id: &str, epoch: i32, owned: &BTreeSet<TopicPartition>) -> Heartbeat {
+        Heartbeat {
+            member_id: id.into(),
+            member_epoch: epoch,
+            rebalance_timeout_ms: -1,
+            owned: Some(owned.clone()),
+            ..Default::default()
+        }
+    }
+
+    fn tp(t: &str, p: i32) -> TopicPartition {
+        TopicPartition::new(t, p)
+    }
+
+    /// Heartbeats every member with what it holds until nothing changes; no partition is
+    /// ever held by two members at once along the way.
+    fn settle(g: &mut ConsumerGroup, now: i64) {
+        for _ in 0..10 {
+            let ids: Vec<(String, i32, BTreeSet<TopicPartition>)> = g
+                .members()
+                .map(|m| (m.id.clone(), m.epoch, m.assigned.clone()))
+                .collect();
+            for (id, epoch, held) in ids {
+                g.heartbeat(beat(&id, epoch, &held), now).unwrap();
+                assert_no_double_ownership(g);
+            }
+        }
+    }
+
+    fn assert_no_double_ownership(g: &ConsumerGroup) {
+        let mut seen = BTreeSet::new();
+        for m in g.members() {
+            for tp in m.assigned.iter().chain(&m.revoking) {
+                assert!(seen.insert(tp.clone()), "{tp} held twice");
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_member_gets_every_partition_of_its_topics_at_epoch_one() {
+        let mut g = ConsumerGroup::new("g", topics());
+        let r = g.heartbeat(join("a", &["orders", "missing"]), 0).unwrap();
+        assert_eq!(r.member_epoch, 1);
+        assert_eq!(r.assignment.unwrap().len(), 4);
+        assert_eq!(g.state_name(), "Stable");
+        // Nothing changed: no assignment in the reply.
+        let held = g.members().next().unwrap().assigned.clone();
+        let r = g.heartbeat(beat("a", 1, &held), 10).unwrap();
+        assert_eq!(r.member_epoch, 1);
+        assert!(r.assignment.is_some(), "a full heartbeat gets it");
+        let mut quiet = beat("a", 1, &held);
+        quiet.owned = None;
+        assert_eq!(g.heartbeat(quiet, 20).unwrap().assignment, None);
+    }
+
+    #[test]
+    fn a_second_member_gets_partitions_only_after_the_first_revoked_them() {
+        let mut g = ConsumerGroup::new("g", topics());
+        g.heartbeat(join("a", &["orders"]), 0).unwrap();
+        let a_all: BTreeSet<_> = (0..4).map(|p| tp("orders", p)).collect();
+        let rb = g.heartbeat(join("b", &["orders"]), 10).unwrap();
+        // B is at the new epoch but gets nothing yet: A still holds everything.
+        assert_eq!(rb.member_epoch, 2);
+        assert_eq!(rb.assignment, Some(BTreeSet::new()));
+        // A is told to revoke two, keeping its epoch.
+        let ra = g.heartbeat(beat("a", 1, &a_all), 20).unwrap();
+        assert_eq!(ra.member_epoch, 1);
+        let kept = ra.assignment.unwrap();
+        assert_eq!(kept.len(), 2);
+        // Until A acknowledges, B still gets nothing.
+        let rb = g.heartbeat(beat("b", 2, &BTreeSet::new()), 30).unwrap();
+        assert_eq!(rb.assignment, Some(BTreeSet::new()));
+        // A acknowledges (owns only what it kept): it moves to epoch 2, B gets the rest.
+        let ra = g.heartbeat(beat("a", 1, &kept), 40).unwrap();
+        assert_eq!(ra.member_epoch, 2);
+        let rb = g.heartbeat(beat("b", 2, &BTreeSet::new()), 50).unwrap();
+        let b_got = rb.assignment.unwrap();
+        assert_eq!(b_got.len(), 2);
+        assert!(b_got.is_disjoint(&kept));
+        assert_eq!(g.state_name(), "Stable");
+    }
+
+    #[test]
+    fn epochs_ahead_or_stale_are_fenced_except_the_previous_with_a_subset() {
+        let mut g = ConsumerGroup::new("g", topics());
+        g.heartbeat(join("a", &["orders"]), 0).unwrap();
+        let held = g.members().next().unwrap().assigned.clone();
+        assert_eq!(
+            g.heartbeat(beat("a", 2, &held), 1),
+            Err(ConsumerGroupError::FencedMemberEpoch { got: 2, current: 1 })
+        );
+        // Bump A to epoch 3 through two joins and leaves of others.
+        g.heartbeat(join("b", &["audit"]), 2).unwrap();
+        g.heartbeat(beat("a", 1, &held), 3).unwrap();
+        assert_eq!(g.members().next().unwrap().epoch, 2);
+        // The previous epoch with a subset of the assignment: accepted (the reply was lost).
+        let r = g.heartbeat(beat("a", 1, &held), 4).unwrap();
+        assert_eq!(r.member_epoch, 2);
+        // The previous epoch claiming a partition it does not hold: fenced.
+        let mut more = held.clone();
+        more.insert(tp("audit", 0));
+        assert!(matches!(
+            g.heartbeat(beat("a", 1, &more), 5),
+            Err(ConsumerGroupError::FencedMemberEpoch { .. })
+        ));
+        // Older than the previous: fenced.
+        assert!(matches!(
+            g.heartbeat(beat("a", 0, &held), 6),
+            Err(ConsumerGroupError::InvalidRequest(_))
+                | Err(ConsumerGroupError::FencedMemberEpoch { .. })
+        ));
+        assert_eq!(
+            g.heartbeat(beat("zombie", 2, &held), 7),
+            Err(ConsumerGroupError::UnknownMemberId("zombie".into()))
+        );
+    }
+
+    #[test]
+    fn commits_need_the_members_exact_epoch() {
+        let mut g = ConsumerGroup::new("g", topics());
+        assert_eq!(
+            g.check_commit("", -1, false, true),
+            Ok(()),
+            "empty group: simple commit"
+        );
+        g.heartbeat(join("a", &["orders"]), 0).unwrap();
+        assert_eq!(g.check_commit("a", 1, false, true), Ok(()));
+        assert_eq!(
+            g.check_commit("a", 1, true, false),
+            Ok(()),
+            "TxnOffsetCommit v3"
+        );
+        assert_eq!(
+            g.check_commit("a", 1, false, false),
+            Err(ConsumerGroupError::UnsupportedVersion)
+        );
+        assert_eq!(
+            g.check_commit("", -1, false, true),
+            Err(ConsumerGroupError::UnknownMemberId(String::new()))
+        );
+        // B joins and A reconciles to epoch 2: A's epoch-1 commits are stale from then on.
+        let held = g.members().next().unwrap().assigned.clone();
+        g.heartbeat(join("b", &["orders"]), 1).unwrap();
+        let kept = g
+            .heartbeat(beat("a", 1, &held), 2)
+            .unwrap()
+            .assignment
+            .unwrap();
+        g.heartbeat(beat("a", 1, &kept), 3).unwrap();
+        assert_eq!(
+            g.check_commit("a", 1, true, true),
+            Err(ConsumerGroupError::StaleMemberEpoch { got: 1, current: 2 })
+        );
+        assert_eq!(g.check_commit("a", 2, true, true), Ok(()));
+        assert_eq!(
+            g.check_commit("gone", 2, true, true),
+            Err(ConsumerGroupError::UnknownMemberId("gone".into()))
+        );
+    }
+
+    #[test]
+    fn silent_members_and_members_that_do_not_revoke_are_removed() {
+        let mut g = ConsumerGroup::new("g", topics()).with_timeouts(1_000, 100);
+        g.heartbeat(join("a", &["orders"]), 0).unwrap();
+        let held = g.members().next().unwrap().assigned.clone();
+        g.heartbeat(join("b", &["orders"]), 500).unwrap();
+        // A is told to revoke at 600 and never acknowledges; it keeps heartbeating.
+        g.heartbeat(beat("a", 1, &held), 600).unwrap();
+        g.heartbeat(beat("a", 1, &held), 900).unwrap();
+        g.heartbeat(beat("b", 2, &BTreeSet::new()), 900).unwrap();
+        // Its rebalance timeout (30 s) has not passed, its session is fresh: still there.
+        assert_eq!(g.members().count(), 2);
+        // B goes silent for longer than the session: removed, A is alone again.
+        g.heartbeat(beat("a", 1, &held), 1_800).unwrap();
+        assert_eq!(g.tick(1_950), vec!["b".to_string()]);
+        let mut short = ConsumerGroup::new("h", topics()).with_timeouts(60_000, 100);
+        let mut j = join("a", &["orders"]);
+        j.rebalance_timeout_ms = 100;
+        short.heartbeat(j, 0).unwrap();
+        let held = short.members().next().unwrap().assigned.clone();
+        short.heartbeat(join("b", &["orders"]), 10).unwrap();
+        short.heartbeat(beat("a", 1, &held), 20).unwrap();
+        assert_eq!(
+            short.tick(200),
+            vec!["a".to_string()],
+            "did not revoke in time"
+        );
+        let rb = short
+            .heartbeat(beat("b", 2, &BTreeSet::new()), 210)
+            .unwrap();
+        assert_eq!(rb.member_epoch, 3);
+        assert_eq!(rb.assignment.unwrap().len(), 4);
+    }
+
+    #[test]
+    fn leaving_frees_partitions_and_a_rejoin_with_a_known_id_starts_over() {
+        let mut g = ConsumerGroup::new("g", topics());
+        g.heartbeat(join("a", &["orders"]), 0).unwrap();
+        g.heartbeat(join("b", &["orders"]), 1).unwrap();
+        settle(&mut g, 2);
+        let leave = Heartbeat {
+            member_id: "a".into(),
+            member_epoch: LEAVE_EPOCH,
+            ..Default::default()
+        };
+        assert_eq!(g.heartbeat(leave, 3).unwrap().member_epoch, LEAVE_EPOCH);
+        settle(&mut g, 4);
+        assert_eq!(g.members().next().unwrap().assigned.len(), 4);
+        let before = g.members().next().unwrap().epoch;
+        g.heartbeat(join("b", &["orders"]), 5).unwrap();
+        let b = g.members().next().unwrap();
+        assert!(b.epoch > before, "a new incarnation gets a new epoch");
+        assert_eq!(
+            g.check_commit("b", before, false, true),
+            Err(ConsumerGroupError::StaleMemberEpoch {
+                got: before,
+                current: b.epoch
+            })
+        );
+    }
+
+    #[test]
+    fn static_instance_ids_are_held_by_one_live_member() {
+        let mut g = ConsumerGroup::new("g", topics());
+        let mut a = join("a", &["orders"]);
+        a.instance_id = Some("i1".into());
+        g.heartbeat(a, 0).unwrap();
+        let mut b = join("b", &["orders"]);
+        b.instance_id = Some("i1".into());
+        assert_eq!(
+            g.heartbeat(b.clone(), 1),
+            Err(ConsumerGroupError::UnreleasedInstanceId("i1".into()))
+        );
+        let leave = Heartbeat {
+            member_id: "a".into(),
+            member_epoch: STATIC_LEAVE_EPOCH,
+            instance_id: Some("i1".into()),
+            ..Default::default()
+        };
+        g.heartbeat(leave, 2).unwrap();
+        assert_eq!(g.heartbeat(b, 3).unwrap().assignment.unwrap().len(), 4);
+    }
+
+    #[test]
+    fn malformed_heartbeats_are_refused_and_change_nothing() {
+        let mut g = ConsumerGroup::new("g", topics());
+        let cases = [
+            Heartbeat {
+                member_epoch: 0,
+                rebalance_timeout_ms: 100,
+                ..Default::default()
+            },
+            Heartbeat {
+                member_epoch: -3,
+                member_id: "a".into(),
+                ..Default::default()
+            },
+            Heartbeat {
+                member_epoch: 5,
+                ..Default::default()
+            },
+            {
+                let mut j = join("a", &["orders"]);
+                j.subscribed_topic_regex = Some("(".into());
+                j
+            },
+            {
+                let mut j = join("a", &["orders"]);
+                j.owned = Some([tp("orders", 0)].into());
+                j
+            },
+            {
+                let mut j = join("a", &["orders"]);
+                j.member_id = "x".repeat(cluster::MAX_ID_LEN + 1);
+                j
+            },
+        ];
+        for hb in cases {
+            assert!(matches!(
+                g.heartbeat(hb, 0),
+                Err(ConsumerGroupError::InvalidRequest(_))
+            ));
+        }
+        let mut j = join("a", &["orders"]);
+        j.server_assignor = Some("sticky".into());
+        assert_eq!(
+            g.heartbeat(j, 0),
+            Err(ConsumerGroupError::UnsupportedAssignor("sticky".into()))
+        );
+        assert!(g.is_empty());
+        assert_eq!(g.group_epoch(), 0);
+    }
+
+    #[test]
+    fn a_regex_subscription_matches_whole_topic_names() {
+        let mut g = ConsumerGroup::new("g", topics());
+        let mut j = join("a", &[]);
+        j.subscribed_topic_names = Some(vec![]);
+        j.subscribed_topic_regex = Some("ord.*".into());
+        let got = g.heartbeat(j, 0).unwrap().assignment.unwrap();
+        assert_eq!(got.len(), 4);
+        assert!(got.iter().all(|t| t.topic == "orders"));
+    }
+
+    #[test]
+    fn assignors_give_every_partition_once_balanced_and_uniform_is_sticky() {
+        let subs = |ms: &[&str]| -> BTreeMap<String, BTreeSet<String>> {
+            ms.iter()
+                .map(|m| {
+                    (
+                        m.to_string(),
+                        ["orders".to_string(), "audit".to_string()].into(),
+                    )
+                })
+                .collect()
+        };
+        for assignor in ASSIGNORS {
+            for members in [
+                &["a"][..],
+                &["a", "b"],
+                &["a", "b", "c"],
+                &["a", "b", "c", "d", "e", "f", "g"],
+            ] {
+                let out = assign(assignor, &subs(members), &topics(), &BTreeMap::new());
+                let all: Vec<_> = out.values().flatten().collect();
+                assert_eq!(all.len(), 6, "{assignor} {members:?}");
+                assert_eq!(all.iter().collect::<BTreeSet<_>>().len(), 6);
+                if assignor == "uniform" {
+                    let loads: Vec<usize> = out.values().map(BTreeSet::len).collect();
+                    assert!(loads.iter().max().unwrap() - loads.iter().min().unwrap() <= 1);
+                }
+            }
+        }
+        let two = assign("uniform", &subs(&["a", "b"]), &topics(), &BTreeMap::new());
+        let three = assign("uniform", &subs(&["a", "b", "c"]), &topics(), &two);
+        // A third member takes only what it needs: a and b each keep two of their three.
+        for m in ["a", "b"] {
+            assert_eq!(three[m].intersection(&two[m]).count(), 2);
+        }
+    }
+
+    #[test]
+    fn partitions_are_never_held_twice_through_joins_and_leaves() {
+        let mut g = ConsumerGroup::new("g", topics());
+        let mut now = 0;
+        for round in 0..6 {
+            let id = format!("m{round}");
+            g.heartbeat(join(&id, &["orders", "audit"]), now).unwrap();
+            assert_no_double_ownership(&g);
+            settle(&mut g, now);
+            now += 10;
+            if round % 2 == 1 {
+                let leave = Heartbeat {
+                    member_id: format!("m{}", round - 1),
+                    member_epoch: LEAVE_EPOCH,
+                    ..Default::default()
+                };
+                g.heartbeat(leave, now).unwrap();
+                settle(&mut g, now);
+            }
+            let held: usize = g.members().map(|m| m.assigned.len()).sum();
+            assert_eq!(held, 6, "round {round}: every partition held once settled");
+            assert_eq!(g.state_name(), "Stable");
+        }
+    }
+}
