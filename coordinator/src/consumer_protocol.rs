@@ -487,6 +487,15 @@ impl ConsumerGroup {
             // Acknowledged once it owns none of what it was told to revoke.
             let acked = owned.is_some_and(|o| o.is_disjoint(&m.revoking));
             if !acked {
+                // Still waiting; if the target moved meanwhile (its subscription changed, say),
+                // what it must give up now is revoked too.
+                let more: BTreeSet<TopicPartition> =
+                    m.assigned.difference(&target).cloned().collect();
+                if !more.is_empty() {
+                    let m = self.members.get_mut(member_id).expect("present");
+                    m.assigned.retain(|tp| !more.contains(tp));
+                    m.revoking.extend(more);
+                }
                 return;
             }
             let revoked = m.revoking.clone();
@@ -892,6 +901,24 @@ mod tests {
             g.heartbeat(beat("zombie", 2, &held), 7),
             Err(ConsumerGroupError::UnknownMemberId("zombie".into()))
         );
+    }
+
+    #[test]
+    fn a_member_waiting_to_revoke_is_told_to_revoke_more_when_its_target_moves() {
+        let mut g = ConsumerGroup::new("g", topics());
+        g.heartbeat(join("a", &["orders", "audit"]), 0).unwrap();
+        let all = g.members().next().unwrap().assigned.clone();
+        g.heartbeat(join("b", &["orders", "audit"]), 1).unwrap();
+        // A is told to revoke some and does not acknowledge yet.
+        g.heartbeat(beat("a", 1, &all), 2).unwrap();
+        // A drops "audit" from its subscription while still waiting.
+        let mut resubscribe = beat("a", 1, &all);
+        resubscribe.subscribed_topic_names = Some(vec!["orders".into()]);
+        let told = g.heartbeat(resubscribe, 3).unwrap().assignment.unwrap();
+        assert!(told.iter().all(|tp| tp.topic == "orders"), "{told:?}");
+        let a = g.members().find(|m| m.id == "a").unwrap();
+        assert!(a.revoking.iter().any(|tp| tp.topic == "audit"));
+        assert_no_double_ownership(&g);
     }
 
     #[test]

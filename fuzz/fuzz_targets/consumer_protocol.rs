@@ -89,7 +89,9 @@ fn check_group(g: &ConsumerGroup, epochs: &BTreeMap<String, i32>) {
     for m in g.members() {
         for tp in m.assigned.iter().chain(&m.revoking) {
             assert!(held.insert(tp.clone()), "{tp} held twice");
-            let exists = TOPICS.iter().any(|(t, n)| *t == tp.topic && tp.partition < *n);
+            let exists = TOPICS
+                .iter()
+                .any(|(t, n)| *t == tp.topic && tp.partition < *n);
             assert!(exists, "{tp} does not exist");
         }
         for tp in &m.assigned {
@@ -194,10 +196,16 @@ fuzz_target!(|ops: Vec<Op>| {
                     owned: Some(consumers[i].owned.clone()),
                     ..Default::default()
                 };
-                let current = g.members().find(|m| m.id == format!("m{i}")).map(|m| (m.epoch, m.previous_epoch));
+                let current = g
+                    .members()
+                    .find(|m| m.id == format!("m{i}"))
+                    .map(|m| (m.epoch, m.previous_epoch));
                 let result = g.heartbeat(hb, now);
                 if let (Ok(_), Some((e, prev))) = (&result, current) {
-                    assert!(epoch == e || epoch == prev || epoch <= 0, "epoch {epoch} accepted for a member at {e}");
+                    assert!(
+                        epoch == e || epoch == prev || epoch <= 0,
+                        "epoch {epoch} accepted for a member at {e}"
+                    );
                 }
                 (result.is_err(), i)
             }
@@ -228,7 +236,10 @@ fuzz_target!(|ops: Vec<Op>| {
                 if accepted {
                     match member {
                         Some(e) => assert_eq!(e, epoch, "a commit at a stale epoch was accepted"),
-                        None => assert!(epoch < 0 && g.is_empty(), "a non-member's commit was accepted"),
+                        None => assert!(
+                            epoch < 0 && g.is_empty(),
+                            "a non-member's commit was accepted"
+                        ),
                     }
                 }
                 (false, i)

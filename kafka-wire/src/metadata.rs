@@ -8,14 +8,25 @@
 //! topic is UNKNOWN_TOPIC_OR_PARTITION.
 //!
 //! Topic ids (Metadata v10+): every topic has the id [`cluster::topic_id`] derives from its
-//! name, the same on every node and across restarts (topics are static). From v10 a request may
-//! name a topic by id with a null name, as librdkafka's KIP-848 consumer does for the topic ids
-//! of its assignment: the answer carries the name; an unknown id (the zero id included) is
-//! UNKNOWN_TOPIC_ID with a null name, as in Kafka.
+//! name, the same on every node and across restarts (topics are static), and every topic a
+//! v10+ response names carries it. What a request may ask, as Kafka's `KafkaApis` decides it:
+//! - v0-9: topics by name only; a null name is asked as the empty name (as before topic ids).
+//! - v10-11: by name only. A request topic with a null name or a non-zero id is refused as
+//!   Kafka refuses it: the whole request fails, every topic it names answered INVALID_REQUEST
+//!   (a null name as the empty one, its id echoed) with no brokers, as Kafka's error response.
+//! - v12: by id, as librdkafka's KIP-848 consumer asks for the topics of its assignment. If any
+//!   request topic has a non-zero id, the request is by id: each distinct id is answered once,
+//!   with its topic's name, or, unknown, UNKNOWN_TOPIC_ID with a null name and the id echoed;
+//!   request topics without an id are left out (names are not looked at), as in Kafka. Without
+//!   any id, the request is by name, and a null name (a topic named by neither) fails the whole
+//!   request with INVALID_REQUEST, as for v10-11 (Kafka itself fails it on the null name).
+//!
+//! Topic authorized operations stay unset (`i32::MIN`): there are no ACLs.
 
-use cluster::{Node, Topology};
+use cluster::{Node, Topic, Topology};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
@@ -42,12 +53,91 @@ fn has_kafka(topology: &Topology, id: i32) -> bool {
         .any(|n| n.id == id && n.kafka_address.as_deref().and_then(host_port).is_some())
 }
 
-/// A topic a Metadata request asks for.
+/// What a Metadata request asks for.
+#[derive(Debug, PartialEq)]
 enum Asked {
-    /// By name (every version).
-    Name(String),
-    /// By topic id, with a null name (v10+).
-    Id(uuid::Uuid),
+    /// Every topic.
+    All,
+    /// These topics, by name, in the request's order (a name asked twice is answered twice).
+    Names(Vec<String>),
+    /// These topic ids (v12), distinct, in the request's order.
+    Ids(Vec<uuid::Uuid>),
+}
+
+/// What `request` at `version` asks for, or `None` for a request Kafka refuses as a whole (the
+/// module doc says the rules).
+fn asked(request: &MetadataRequest, version: i16) -> Option<Asked> {
+    let topics = match &request.topics {
+        // v0: an empty list means every topic; v1+: null means every topic.
+        Some(topics) if !(version == 0 && topics.is_empty()) => topics,
+        _ => return Some(Asked::All),
+    };
+    let name = |t: &MetadataRequestTopic| t.name.as_ref().map(|n| n.0.to_string());
+    if version < 10 {
+        return Some(Asked::Names(
+            topics.iter().map(|t| name(t).unwrap_or_default()).collect(),
+        ));
+    }
+    let has_id = |t: &&MetadataRequestTopic| !t.topic_id.is_nil();
+    if version >= 12 && topics.iter().any(|t| has_id(&t)) {
+        let mut ids: Vec<uuid::Uuid> = Vec::new();
+        for t in topics.iter().filter(has_id) {
+            if !ids.contains(&t.topic_id) {
+                ids.push(t.topic_id);
+            }
+        }
+        return Some(Asked::Ids(ids));
+    }
+    // By name: v10-11 carry no ids, and no version a null name.
+    if topics.iter().any(|t| has_id(&t) || t.name.is_none()) {
+        return None;
+    }
+    Some(Asked::Names(topics.iter().filter_map(name).collect()))
+}
+
+/// A topic's partitions as the topology places them.
+fn partitions(topology: &Topology, topic: &Topic) -> Vec<MetadataResponsePartition> {
+    topic
+        .leaders
+        .iter()
+        .enumerate()
+        .map(|(index, &leader)| {
+            let mut p = MetadataResponsePartition::default();
+            p.partition_index = index as i32;
+            p.leader_epoch = 0;
+            if has_kafka(topology, leader) {
+                p.leader_id = BrokerId(leader);
+                p.replica_nodes = vec![BrokerId(leader)];
+                p.isr_nodes = vec![BrokerId(leader)];
+            } else {
+                p.error_code = ResponseError::LeaderNotAvailable.code();
+                p.leader_id = BrokerId(-1);
+            }
+            p
+        })
+        .collect()
+}
+
+/// The answer for one topic of the topology: its partitions, and from v10 its id.
+fn known_topic(topology: &Topology, topic: &Topic, version: i16) -> MetadataResponseTopic {
+    let mut t = MetadataResponseTopic::default();
+    t.name = Some(TopicName(str_bytes(topic.name.clone())));
+    if version >= 10 {
+        t.topic_id = uuid::Uuid::from_bytes(cluster::topic_id(&topic.name));
+    }
+    t.partitions = partitions(topology, topic);
+    t.topic_authorized_operations = i32::MIN;
+    t
+}
+
+/// An answer with no partitions: `error` for the topic named `name` (or null) with id `id`.
+fn failed_topic(error: ResponseError, name: Option<&str>, id: uuid::Uuid) -> MetadataResponseTopic {
+    let mut t = MetadataResponseTopic::default();
+    t.error_code = error.code();
+    t.name = name.map(|n| TopicName(str_bytes(n)));
+    t.topic_id = id;
+    t.topic_authorized_operations = i32::MIN;
+    t
 }
 
 /// The Metadata response for `request` at `version`, as node `node_id` answers it.
@@ -58,6 +148,20 @@ pub fn metadata(
     version: i16,
 ) -> MetadataResponse {
     let mut response = MetadataResponse::default();
+    response.cluster_authorized_operations = i32::MIN;
+    let Some(asked) = asked(request, version) else {
+        // Kafka's error response for a refused Metadata request: every topic asked, no brokers.
+        response.topics = request
+            .topics
+            .iter()
+            .flatten()
+            .map(|t| {
+                let name = t.name.as_ref().map_or("", |n| n.0.as_str());
+                failed_topic(ResponseError::InvalidRequest, Some(name), t.topic_id)
+            })
+            .collect();
+        return response;
+    };
     response.brokers = all_nodes(topology)
         .filter_map(|n| {
             let (host, port) = host_port(n.kafka_address.as_deref()?)?;
@@ -70,83 +174,31 @@ pub fn metadata(
         .collect();
     response.cluster_id = Some(str_bytes(CLUSTER_ID));
     response.controller_id = BrokerId(node_id);
-    // Each topic asked for, by name, or (v10+) by id with a null name; null: every topic.
-    let asked: Vec<Asked> = match &request.topics {
-        // v0: an empty list means every topic; v1+: null means every topic.
-        Some(topics) if !(version == 0 && topics.is_empty()) => topics
-            .iter()
-            .map(|t| {
-                let name = t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default();
-                // An empty name with an id counts as no name (an id is what it asks by).
-                if version >= 10 && name.is_empty() && (t.name.is_none() || !t.topic_id.is_nil()) {
-                    Asked::Id(t.topic_id)
-                } else {
-                    Asked::Name(name)
-                }
-            })
-            .collect(),
-        _ => topology
+    response.topics = match asked {
+        Asked::All => topology
             .topics
             .iter()
-            .map(|t| Asked::Name(t.name.clone()))
+            .map(|topic| known_topic(topology, topic, version))
+            .collect(),
+        Asked::Names(names) => names
+            .iter()
+            .map(|name| match topology.topic(name) {
+                Some(topic) => known_topic(topology, topic, version),
+                None => failed_topic(
+                    ResponseError::UnknownTopicOrPartition,
+                    Some(name),
+                    uuid::Uuid::nil(),
+                ),
+            })
+            .collect(),
+        Asked::Ids(ids) => ids
+            .into_iter()
+            .map(|id| match topology.topic_by_id(id.as_bytes()) {
+                Some(topic) => known_topic(topology, topic, version),
+                None => failed_topic(ResponseError::UnknownTopicId, None, id),
+            })
             .collect(),
     };
-    response.topics = asked
-        .into_iter()
-        .map(|asked| {
-            let mut t = MetadataResponseTopic::default();
-            t.topic_authorized_operations = i32::MIN;
-            let topic = match asked {
-                Asked::Name(name) => {
-                    t.name = Some(TopicName(str_bytes(name.clone())));
-                    let topic = topology.topic(&name);
-                    if topic.is_none() {
-                        t.error_code = ResponseError::UnknownTopicOrPartition.code();
-                    }
-                    topic
-                }
-                Asked::Id(id) => {
-                    t.topic_id = id;
-                    let topic = topology.topic_by_id(id.as_bytes());
-                    match topic {
-                        Some(topic) => t.name = Some(TopicName(str_bytes(topic.name.clone()))),
-                        None => {
-                            t.error_code = ResponseError::UnknownTopicId.code();
-                            // Nullable from v12; an empty name before.
-                            t.name = (version < 12).then(|| TopicName(str_bytes("")));
-                        }
-                    }
-                    topic
-                }
-            };
-            if let Some(topic) = topic {
-                if version >= 10 {
-                    t.topic_id = uuid::Uuid::from_bytes(cluster::topic_id(&topic.name));
-                }
-                t.partitions = topic
-                    .leaders
-                    .iter()
-                    .enumerate()
-                    .map(|(index, &leader)| {
-                        let mut p = MetadataResponsePartition::default();
-                        p.partition_index = index as i32;
-                        p.leader_epoch = 0;
-                        if has_kafka(topology, leader) {
-                            p.leader_id = BrokerId(leader);
-                            p.replica_nodes = vec![BrokerId(leader)];
-                            p.isr_nodes = vec![BrokerId(leader)];
-                        } else {
-                            p.error_code = ResponseError::LeaderNotAvailable.code();
-                            p.leader_id = BrokerId(-1);
-                        }
-                        p
-                    })
-                    .collect();
-            }
-            t
-        })
-        .collect();
-    response.cluster_authorized_operations = i32::MIN;
     response
 }
 
@@ -229,7 +281,6 @@ pub fn find_coordinator(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 
     fn topology() -> Topology {
         Topology::parse(
@@ -283,41 +334,176 @@ mod tests {
         assert_eq!(metadata(&t, 1, &request, 0).topics.len(), 1);
     }
 
-    #[test]
-    fn metadata_v10_to_12_carries_topic_ids_and_answers_topics_asked_by_id() {
-        let t = topology();
-        let id = uuid::Uuid::from_bytes(t.topic_id("t").unwrap());
-        assert!(!id.is_nil());
+    fn by_name(name: &str) -> MetadataRequestTopic {
+        let mut topic = MetadataRequestTopic::default();
+        topic.name = Some(TopicName(str_bytes(name)));
+        topic
+    }
+
+    fn by_id(id: uuid::Uuid) -> MetadataRequestTopic {
+        let mut topic = MetadataRequestTopic::default();
+        topic.topic_id = id;
+        topic.name = None;
+        topic
+    }
+
+    fn request(topics: Option<Vec<MetadataRequestTopic>>) -> MetadataRequest {
         let mut request = MetadataRequest::default();
-        request.topics = None;
+        request.topics = topics;
+        request
+    }
+
+    /// The response, checked to encode at `version`.
+    fn answer(t: &Topology, request: &MetadataRequest, version: i16) -> MetadataResponse {
+        let response = metadata(t, 1, request, version);
+        let mut buf = bytes::BytesMut::new();
+        kafka_protocol::protocol::Encodable::encode(&response, &mut buf, version)
+            .unwrap_or_else(|e| panic!("v{version} encodes: {e}"));
+        response
+    }
+
+    fn id_of(t: &Topology, name: &str) -> uuid::Uuid {
+        uuid::Uuid::from_bytes(t.topic_id(name).unwrap())
+    }
+
+    fn name_of(topic: &MetadataResponseTopic) -> Option<&str> {
+        topic.name.as_ref().map(|n| n.0.as_str())
+    }
+
+    #[test]
+    fn metadata_v10_to_12_for_every_topic_carries_topic_ids() {
+        let t = topology();
+        let id = id_of(&t, "t");
+        assert!(!id.is_nil());
         for version in 10..=12 {
-            let response = metadata(&t, 1, &request, version);
-            assert_eq!(response.topics[0].topic_id, id, "v{version}");
-            // Every encoding of the version works.
-            let mut buf = bytes::BytesMut::new();
-            kafka_protocol::protocol::Encodable::encode(&response, &mut buf, version).unwrap();
+            let response = answer(&t, &request(None), version);
+            assert_eq!(response.topics.len(), 1);
+            let topic = &response.topics[0];
+            assert_eq!(
+                (name_of(topic), topic.topic_id),
+                (Some("t"), id),
+                "v{version}"
+            );
+            assert_eq!((topic.error_code, topic.partitions.len()), (0, 2));
+            assert_eq!(topic.topic_authorized_operations, i32::MIN);
         }
-        assert!(metadata(&t, 1, &request, 9).topics[0].topic_id.is_nil());
-        // By id, with a null name: the name comes back.
-        let mut by_id = MetadataRequestTopic::default();
-        by_id.topic_id = id;
-        by_id.name = None;
-        let mut unknown = MetadataRequestTopic::default();
-        unknown.topic_id = uuid::Uuid::from_bytes([7; 16]);
-        let mut nil = MetadataRequestTopic::default();
-        nil.name = None;
-        let mut by_name = MetadataRequestTopic::default();
-        by_name.name = Some(TopicName(str_bytes("t")));
-        request.topics = Some(vec![by_id, unknown, nil, by_name]);
-        let response = metadata(&t, 1, &request, 12);
-        let topics = &response.topics;
-        assert_eq!(topics[0].name.as_ref().unwrap().0.as_str(), "t");
-        assert_eq!((topics[0].error_code, topics[0].partitions.len()), (0, 2));
-        for unknown in &topics[1..3] {
-            assert_eq!(unknown.error_code, ResponseError::UnknownTopicId.code());
-            assert!(unknown.name.is_none() && unknown.partitions.is_empty());
+    }
+
+    #[test]
+    fn metadata_v10_to_12_by_name_carries_the_topic_id() {
+        let t = topology();
+        for version in 10..=12 {
+            let asked = request(Some(vec![by_name("t"), by_name("missing")]));
+            let topics = answer(&t, &asked, version).topics;
+            assert_eq!(
+                (topics[0].topic_id, topics[0].error_code),
+                (id_of(&t, "t"), 0)
+            );
+            assert_eq!(topics[0].partitions.len(), 2);
+            assert_eq!(name_of(&topics[1]), Some("missing"));
+            assert_eq!(
+                (topics[1].topic_id, topics[1].error_code),
+                (
+                    uuid::Uuid::nil(),
+                    ResponseError::UnknownTopicOrPartition.code()
+                )
+            );
         }
-        assert_eq!((topics[3].topic_id, topics[3].error_code), (id, 0));
+    }
+
+    #[test]
+    fn metadata_v12_by_id_answers_with_the_name() {
+        let t = topology();
+        let id = id_of(&t, "t");
+        // Asked twice, and with a topic named only: the request is by id, each id once.
+        let asked = request(Some(vec![by_id(id), by_name("t"), by_id(id)]));
+        let response = answer(&t, &asked, 12);
+        assert_eq!(response.brokers.len(), 2);
+        assert_eq!(response.topics.len(), 1);
+        let topic = &response.topics[0];
+        assert_eq!((name_of(topic), topic.topic_id), (Some("t"), id));
+        assert_eq!((topic.error_code, topic.partitions.len()), (0, 2));
+        // A name given along with the id changes nothing.
+        let mut named = by_id(id);
+        named.name = Some(TopicName(str_bytes("other")));
+        let topics = answer(&t, &request(Some(vec![named])), 12).topics;
+        assert_eq!((name_of(&topics[0]), topics[0].error_code), (Some("t"), 0));
+    }
+
+    #[test]
+    fn metadata_v12_unknown_id_is_unknown_topic_id_with_a_null_name() {
+        let t = topology();
+        let unknown = uuid::Uuid::from_bytes([7; 16]);
+        let asked = request(Some(vec![by_id(unknown), by_id(id_of(&t, "t"))]));
+        let topics = answer(&t, &asked, 12).topics;
+        assert_eq!(topics.len(), 2);
+        assert_eq!(topics[0].error_code, ResponseError::UnknownTopicId.code());
+        assert_eq!((name_of(&topics[0]), topics[0].topic_id), (None, unknown));
+        assert!(topics[0].partitions.is_empty());
+        assert_eq!((name_of(&topics[1]), topics[1].error_code), (Some("t"), 0));
+    }
+
+    #[test]
+    fn metadata_topics_named_by_neither_or_by_id_before_v12_are_invalid_requests() {
+        let t = topology();
+        let id = id_of(&t, "t");
+        // v10-11 take no ids and no null names; v12 no null name unless the request is by id.
+        for (version, topics) in [
+            (10, vec![by_name("t"), by_id(uuid::Uuid::nil())]),
+            (11, vec![by_name("t"), by_id(id)]),
+            (12, vec![by_name("t"), by_id(uuid::Uuid::nil())]),
+        ] {
+            let response = answer(&t, &request(Some(topics)), version);
+            assert!(response.brokers.is_empty(), "v{version}");
+            let answered: Vec<_> = response
+                .topics
+                .iter()
+                .map(|t| (name_of(t), t.error_code, t.partitions.len()))
+                .collect();
+            let invalid = ResponseError::InvalidRequest.code();
+            assert_eq!(answered, [(Some("t"), invalid, 0), (Some(""), invalid, 0)]);
+            assert_eq!(
+                response.topics[1].topic_id,
+                if version == 11 { id } else { uuid::Uuid::nil() }
+            );
+        }
+        // By id, a topic named by neither is left out.
+        let asked = request(Some(vec![by_id(uuid::Uuid::nil()), by_id(id)]));
+        let topics = answer(&t, &asked, 12).topics;
+        assert_eq!(topics.len(), 1);
+        assert_eq!((name_of(&topics[0]), topics[0].error_code), (Some("t"), 0));
+    }
+
+    #[test]
+    fn metadata_v9_and_before_is_unchanged_by_topic_ids() {
+        let t = topology();
+        // A null name is asked as the empty name; a name asked twice is answered twice.
+        let mut null_name = by_name("t");
+        null_name.name = None;
+        let asked = request(Some(vec![by_name("t"), null_name, by_name("t")]));
+        for version in 1..=9 {
+            let response = answer(&t, &asked, version);
+            assert_eq!(response.brokers.len(), 2);
+            let answered: Vec<_> = response
+                .topics
+                .iter()
+                .map(|t| (name_of(t), t.error_code, t.partitions.len(), t.topic_id))
+                .collect();
+            let nil = uuid::Uuid::nil();
+            let unknown = ResponseError::UnknownTopicOrPartition.code();
+            assert_eq!(
+                answered,
+                [
+                    (Some("t"), 0, 2, nil),
+                    (Some(""), unknown, 0, nil),
+                    (Some("t"), 0, 2, nil)
+                ],
+                "v{version}"
+            );
+            assert!(answer(&t, &request(None), version).topics[0]
+                .topic_id
+                .is_nil());
+        }
     }
 
     #[test]
