@@ -319,6 +319,8 @@ pub fn topic_id(name: &str) -> [u8; 16] {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn topic_ids_are_stable_distinct_and_never_reserved() {
         let ids: Vec<[u8; 16]> = (0..2000)
@@ -342,7 +344,16 @@ mod tests {
         assert!(t.topic_by_id(&[0; 16]).is_none());
     }
 
-    use super::*;
+    /// The derivation is pinned: a changed prefix or hash would give every topic a new id, which
+    /// clients holding the old ones (a KIP-848 assignment) would no longer resolve.
+    #[test]
+    fn topic_ids_are_pinned_and_a_dash_leading_hash_is_hashed_again() {
+        let hex = |id: [u8; 16]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        assert_eq!(hex(topic_id("input")), "3be0af69e11a52999b75044c8aa0c464");
+        assert_eq!(hex(topic_id("output")), "9deb715576920542fef0ea506e0b9f24");
+        // "t2" hashes first to f8..., whose base64 starts with '-': its id is the second round.
+        assert_eq!(hex(topic_id("t2")), "b9c804574079eb60bfd2c3f7811d2243");
+    }
 
     fn sample() -> Topology {
         Topology::parse(

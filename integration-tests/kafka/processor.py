@@ -6,7 +6,10 @@ transaction so the test can kill it mid-run. Handles errors as an exactly-once a
 (librdkafka's transactional API): a retriable commit is retried, an abortable one aborts the
 transaction and rewinds the consumer to the group's committed offsets, a fatal one ends it.
 
-usage: processor.py BOOTSTRAP GROUP TRANSACTIONAL_ID STOP_FILE"""
+With GROUP_PROTOCOL `consumer` the consumer uses KIP-848's protocol (the coordinator assigns;
+the member epoch fences its commits) instead of the classic one.
+
+usage: processor.py BOOTSTRAP GROUP TRANSACTIONAL_ID [GROUP_PROTOCOL] STOP_FILE"""
 import os
 import sys
 
@@ -16,7 +19,8 @@ from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcept
 from common import bootstrap, report
 
 servers = bootstrap()
-group, txn_id, stop_file = sys.argv[2], sys.argv[3], sys.argv[4]
+group, txn_id, stop_file = sys.argv[2], sys.argv[3], sys.argv[-1]
+protocol = sys.argv[4] if len(sys.argv) > 5 else "classic"
 
 consumer = Consumer({
     "bootstrap.servers": servers,
@@ -24,9 +28,10 @@ consumer = Consumer({
     "enable.auto.commit": False,
     "isolation.level": "read_committed",
     "auto.offset.reset": "earliest",
-    "session.timeout.ms": 6000,
-    "heartbeat.interval.ms": 500,
     "fetch.wait.max.ms": 100,
+    # KIP-848: the coordinator sets the session and heartbeat timing.
+    **({"group.protocol": "consumer"} if protocol == "consumer" else
+       {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}),
     **({"debug": os.environ["PROCESSOR_DEBUG"]} if os.environ.get("PROCESSOR_DEBUG") else {}),
 })
 producer = Producer({

@@ -375,7 +375,8 @@ async fn kafka_python_admin_deletes_offsets_and_groups() {
 
 /// DescribeConfigs with librdkafka's and kafka-python's admin clients: a topic's settings
 /// (no retention: -1), a coordinator's (its transaction and group settings, as started) and a
-/// leader's (its batch limit), each answered by that broker.
+/// leader's (its batch limit), each answered by that broker. And topic ids (Metadata v10-12):
+/// both clients see the id derived from the topic's name, and kafka-python finds the topic by it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn admin_clients_describe_topic_and_broker_configs() {
     let Some(python) = python().await else { return };
@@ -404,6 +405,12 @@ async fn admin_clients_describe_topic_and_broker_configs() {
         "as started: {report}"
     );
     assert_eq!(c["transaction.max.timeout.ms"], "900000", "{report}");
+    let input_id: String = cluster::topic_id("input")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(report["topic_id"], input_id.as_str(), "{report}");
+    assert_eq!(report["kafka_python_topic_id"], input_id.as_str(), "{report}");
     let l = &report["leader"];
     assert_eq!(l["minibroker.role"], "leader", "{report}");
     assert!(
@@ -1070,16 +1077,30 @@ async fn start_processor(
     python: &Path,
     bootstrap: &str,
     txn_id: &'static str,
+    protocol: GroupProtocol,
     stop: &Path,
 ) -> Processor {
+    let protocol = match protocol {
+        GroupProtocol::Classic => "classic",
+        GroupProtocol::Consumer => "consumer",
+    };
     start_script(
         python,
         "processor.py",
-        &[bootstrap, "ctp", txn_id],
+        &[bootstrap, "ctp", txn_id, protocol],
         txn_id,
         stop,
     )
     .await
+}
+
+/// Which consumer group protocol the processors use.
+#[derive(Clone, Copy, Debug)]
+enum GroupProtocol {
+    /// JoinGroup/SyncGroup; the leader member assigns.
+    Classic,
+    /// KIP-848's ConsumerGroupHeartbeat; the coordinator assigns.
+    Consumer,
 }
 
 /// Starts `script` with `args` and the stop file, its "<word> N" progress lines readable.
@@ -1246,15 +1267,27 @@ enum CtpFault {
 /// Two librdkafka consume-transform-produce processors in group `ctp` while input keeps
 /// arriving, through `fault`: in the end every input record's output is there exactly once
 /// (read_committed) and the group's committed offsets are the end of the input.
-async fn consume_transform_produce_through(fault: CtpFault) {
+async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProtocol) {
     let Some(python) = python().await else { return };
-    let mut cluster = cluster().await;
+    let mut cluster = match protocol {
+        GroupProtocol::Classic => cluster().await,
+        // A killed member's partitions are free after its 6 s session, as with the classic
+        // processors' session.timeout.ms.
+        GroupProtocol::Consumer => {
+            cluster_with(minibroker::EmbeddedOptions {
+                group_consumer_heartbeat_interval: Duration::from_millis(500),
+                group_consumer_session_timeout: Duration::from_secs(6),
+                ..Default::default()
+            })
+            .await
+        }
+    };
     let bootstrap = cluster.kafka_bootstrap().join(",");
     let feeder = Feeder::start(&cluster).await;
     let dir = tempfile_dir();
     let stop = dir.join("stop");
-    let mut a = start_processor(&python, &bootstrap, "processor-a", &stop).await;
-    let mut b = start_processor(&python, &bootstrap, "processor-b", &stop).await;
+    let mut a = start_processor(&python, &bootstrap, "processor-a", protocol, &stop).await;
+    let mut b = start_processor(&python, &bootstrap, "processor-b", protocol, &stop).await;
     a.committed_at_least(100).await;
     let processors = match fault {
         CtpFault::KillProcessor => {
@@ -1262,7 +1295,7 @@ async fn consume_transform_produce_through(fault: CtpFault) {
             // partitions.
             a.child.start_kill().unwrap();
             a.child.wait().await.unwrap();
-            let mut a2 = start_processor(&python, &bootstrap, "processor-a", &stop).await;
+            let mut a2 = start_processor(&python, &bootstrap, "processor-a", protocol, &stop).await;
             a2.committed_at_least(1).await;
             vec![b, a2]
         }
@@ -1332,9 +1365,27 @@ async fn consume_transform_produce_through(fault: CtpFault) {
     cluster.shutdown().await.unwrap();
 }
 
+/// The same with KIP-848 consumers (`group.protocol=consumer`): the killed processor's
+/// partitions go to the other once its session expires, its replacement joins, and the member
+/// epochs keep every commit to the member that owns the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consume_transform_produce_with_a_kip848_group_survives_a_killed_processor()
+{
+    consume_transform_produce_through(CtpFault::KillProcessor, GroupProtocol::Consumer).await;
+}
+
+/// KIP-848 consumers through a restart of the group's coordinator: every member is unknown to
+/// the restarted coordinator (membership lives in memory), rejoins, and goes on exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consume_transform_produce_with_a_kip848_group_survives_a_coordinator_restart(
+) {
+    consume_transform_produce_through(CtpFault::RestartGroupCoordinator, GroupProtocol::Consumer)
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_killed_processor() {
-    consume_transform_produce_through(CtpFault::KillProcessor).await;
+    consume_transform_produce_through(CtpFault::KillProcessor, GroupProtocol::Classic).await;
 }
 
 /// The same through a restart of the group's coordinator (in the embedded topology also
@@ -1344,13 +1395,14 @@ async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_kille
 /// abort and rewind, and still nothing is lost or duplicated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_consume_transform_produce_survives_a_restart_of_the_groups_coordinator() {
-    consume_transform_produce_through(CtpFault::RestartGroupCoordinator).await;
+    consume_transform_produce_through(CtpFault::RestartGroupCoordinator, GroupProtocol::Classic)
+        .await;
 }
 
 /// The same through a restart of a partition leader the processors write to.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_consume_transform_produce_survives_a_restart_of_an_output_leader() {
-    consume_transform_produce_through(CtpFault::RestartOutputLeader).await;
+    consume_transform_produce_through(CtpFault::RestartOutputLeader, GroupProtocol::Classic).await;
 }
 
 /// A fresh directory under the system temp dir (removed by the OS; tests never share one).

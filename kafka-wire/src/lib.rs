@@ -30,8 +30,9 @@
 //! wait in the socket buffer.
 //!
 //! CAVEATS: no TLS, no SASL, no quotas (throttle time is always 0), no fetch sessions (every
-//! Fetch response has session id 0, which tells clients to send full fetches), no topic ids
-//! (Metadata and Fetch are capped below the versions that need them).
+//! Fetch response has session id 0, which tells clients to send full fetches), topics are
+//! static, so their ids (Metadata v10+) are derived from their names ([`cluster::topic_id`]),
+//! and Fetch stops below the versions that fetch by topic id.
 
 pub mod apis;
 pub mod codes;

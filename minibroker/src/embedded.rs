@@ -58,6 +58,9 @@ pub struct EmbeddedOptions {
     /// Coordinators' `group.consumer.heartbeat.interval.ms` for KIP-848 consumer groups
     /// (default 5 s, as Kafka's; tests use less).
     pub group_consumer_heartbeat_interval: Duration,
+    /// Coordinators' `group.consumer.session.timeout.ms` for KIP-848 consumer groups (default
+    /// 45 s, as Kafka's; tests use less).
+    pub group_consumer_session_timeout: Duration,
     /// Leaders' `producer.id.expiration.ms` and how often they look for expired states
     /// (default 1 day and 10 minutes, as Kafka's; tests use less).
     pub producer_id_expiration: (Duration, Duration),
@@ -86,6 +89,7 @@ impl Default for EmbeddedOptions {
             group_initial_rebalance_delay: coordinator::DEFAULT_GROUP_INITIAL_REBALANCE_DELAY,
             group_consumer_heartbeat_interval:
                 coordinator::DEFAULT_GROUP_CONSUMER_HEARTBEAT_INTERVAL,
+            group_consumer_session_timeout: coordinator::DEFAULT_GROUP_CONSUMER_SESSION_TIMEOUT,
             producer_id_expiration: (
                 partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION,
                 partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL,
@@ -272,6 +276,7 @@ impl EmbeddedCluster {
                 config.group_initial_rebalance_delay = options.group_initial_rebalance_delay;
                 config.group_consumer_heartbeat_interval =
                     options.group_consumer_heartbeat_interval;
+                config.group_consumer_session_timeout = options.group_consumer_session_timeout;
                 config.cluster_secret = Some(secret);
                 config.peer_check_interval = Duration::from_millis(200);
                 tokio::spawn(async move {
