@@ -410,7 +410,11 @@ async fn admin_clients_describe_topic_and_broker_configs() {
         .map(|b| format!("{b:02x}"))
         .collect();
     assert_eq!(report["topic_id"], input_id.as_str(), "{report}");
-    assert_eq!(report["kafka_python_topic_id"], input_id.as_str(), "{report}");
+    assert_eq!(
+        report["kafka_python_topic_id"],
+        input_id.as_str(),
+        "{report}"
+    );
     let l = &report["leader"];
     assert_eq!(l["minibroker.role"], "leader", "{report}");
     assert!(

@@ -420,6 +420,33 @@ fn requests(producer: (i64, i16)) -> Vec<(ApiKey, RequestKind)> {
         .collect();
     r.topics = vec![t];
     out.push((ApiKey::OffsetDelete, RequestKind::OffsetDelete(r)));
+    // KIP-848: a join subscribing by name and by regex, and a member's heartbeat owning
+    // partitions named by topic id.
+    let mut r = ConsumerGroupHeartbeatRequest::default();
+    r.group_id = GroupId(s("kip848-fuzz"));
+    r.member_id = s("fuzz-member");
+    r.rebalance_timeout_ms = 30_000;
+    r.subscribed_topic_names = Some(vec![topic()]);
+    r.subscribed_topic_regex = Some(s("out.*"));
+    r.server_assignor = Some(s("range"));
+    r.topic_partitions = Some(vec![]);
+    out.push((
+        ApiKey::ConsumerGroupHeartbeat,
+        RequestKind::ConsumerGroupHeartbeat(r.clone()),
+    ));
+    let mut owned = consumer_group_heartbeat_request::TopicPartitions::default();
+    owned.topic_id = uuid::Uuid::from_bytes(cluster::topic_id("input"));
+    owned.partitions = vec![0, 1, 2];
+    r.member_epoch = 1;
+    r.rebalance_timeout_ms = -1;
+    r.subscribed_topic_names = None;
+    r.subscribed_topic_regex = None;
+    r.server_assignor = None;
+    r.topic_partitions = Some(vec![owned]);
+    out.push((
+        ApiKey::ConsumerGroupHeartbeat,
+        RequestKind::ConsumerGroupHeartbeat(r),
+    ));
 
     for (producer, transactional) in [(Some(producer), true), (None, false)] {
         let mut p = produce_request::PartitionProduceData::default();
