@@ -116,6 +116,10 @@ pub struct Heartbeat {
     pub server_assignor: Option<String>,
     /// The partitions the member owns now (`None`: unchanged since its last heartbeat).
     pub owned: Option<BTreeSet<TopicPartition>>,
+    /// Who sent it: its client id (the request header's), as ConsumerGroupDescribe shows it.
+    pub client_id: String,
+    /// Who sent it: its address.
+    pub client_host: String,
 }
 
 /// What a heartbeat is answered with.
@@ -170,10 +174,16 @@ pub struct Member {
     pub topics: BTreeSet<String>,
     /// Its subscription regular expression, if any.
     pub regex: Option<String>,
+    /// The same, compiled to match whole topic names.
+    matcher: Option<regex::Regex>,
     /// Its server assignor choice (`None`: the default).
     pub assignor: Option<String>,
     /// Its rebalance timeout.
     pub rebalance_timeout_ms: i64,
+    /// Its client id, as it last heartbeated.
+    pub client_id: String,
+    /// Its address, as it last heartbeated.
+    pub client_host: String,
     /// The partitions it holds now.
     pub assigned: BTreeSet<TopicPartition>,
     /// The partitions it was told to revoke and has not yet acknowledged.
@@ -200,6 +210,8 @@ pub struct ConsumerGroup {
     owners: BTreeMap<TopicPartition, String>,
     session_timeout_ms: i64,
     heartbeat_interval_ms: i32,
+    /// The assignor of the last target assignment.
+    assignor: &'static str,
     /// Member ids handed out to v0 joins.
     next_member: u64,
     /// Makes those ids unique to this life of the group.
@@ -219,6 +231,7 @@ impl ConsumerGroup {
             owners: BTreeMap::new(),
             session_timeout_ms: DEFAULT_SESSION_TIMEOUT_MS,
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
+            assignor: ASSIGNORS[0],
             next_member: 0,
             incarnation: String::new(),
         }
@@ -250,6 +263,17 @@ impl ConsumerGroup {
     /// The target assignment's epoch.
     pub fn target_epoch(&self) -> i32 {
         self.target_epoch
+    }
+
+    /// The server assignor the group's target assignment comes from.
+    pub fn assignor(&self) -> &'static str {
+        self.assignor
+    }
+
+    /// The topics `member` subscribes to now (its names and its regular expression's matches
+    /// among the topics that exist).
+    pub fn subscription_of(&self, member: &Member) -> BTreeSet<String> {
+        self.subscribed(member)
     }
 
     /// No members.
@@ -288,13 +312,11 @@ impl ConsumerGroup {
     /// The topics a member subscribes to: its names and its regular expression's matches,
     /// among the topics that exist.
     fn subscribed(&self, m: &Member) -> BTreeSet<String> {
-        let re = m
-            .regex
-            .as_deref()
-            .and_then(|r| regex::Regex::new(&format!("^(?:{r})$")).ok());
         self.topics
             .keys()
-            .filter(|t| m.topics.contains(*t) || re.as_ref().is_some_and(|re| re.is_match(t)))
+            .filter(|t| {
+                m.topics.contains(*t) || m.matcher.as_ref().is_some_and(|re| re.is_match(t))
+            })
             .cloned()
             .collect()
     }
@@ -356,8 +378,11 @@ impl ConsumerGroup {
                     state: MemberState::Stable,
                     topics: BTreeSet::new(),
                     regex: None,
+                    matcher: None,
                     assignor: None,
                     rebalance_timeout_ms: i64::from(hb.rebalance_timeout_ms.max(0)),
+                    client_id: String::new(),
+                    client_host: String::new(),
                     assigned: BTreeSet::new(),
                     revoking: BTreeSet::new(),
                     sent: None,
@@ -391,6 +416,8 @@ impl ConsumerGroup {
         };
         let member = self.members.get_mut(&member_id).expect("present");
         member.last_heartbeat_ms = now_ms;
+        member.client_id = hb.client_id;
+        member.client_host = hb.client_host;
         if hb.rebalance_timeout_ms >= 0 {
             member.rebalance_timeout_ms = i64::from(hb.rebalance_timeout_ms);
         }
@@ -401,8 +428,14 @@ impl ConsumerGroup {
         }
         if let Some(regex) = hb.subscribed_topic_regex {
             let regex = (!regex.is_empty()).then_some(regex);
-            changed |= regex != member.regex;
-            member.regex = regex;
+            if regex != member.regex {
+                changed = true;
+                // Checked by `validate`: it compiles.
+                member.matcher = regex
+                    .as_deref()
+                    .and_then(|r| regex::Regex::new(&format!("^(?:{r})$")).ok());
+                member.regex = regex;
+            }
         }
         if let Some(assignor) = hb.server_assignor {
             changed |= Some(&assignor) != member.assignor.as_ref();
@@ -463,11 +496,16 @@ impl ConsumerGroup {
                 *votes.entry(a).or_default() += 1;
             }
         }
-        let assignor = votes
+        let chosen = votes
             .iter()
             .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
-            .map_or("uniform", |(a, _)| a);
+            .map_or(ASSIGNORS[0], |(a, _)| a);
+        let assignor = ASSIGNORS
+            .into_iter()
+            .find(|a| *a == chosen)
+            .unwrap_or(ASSIGNORS[0]);
         self.target = assign(assignor, &subscriptions, &self.topics, &self.target);
+        self.assignor = assignor;
         self.target_epoch = self.group_epoch;
     }
 

@@ -31,6 +31,7 @@
 //! | DeleteGroups         | 0-2      | decided by [`crate::group_admin`] |
 //! | OffsetDelete         | 0        | KIP-496; decided by [`crate::group_admin`] |
 //! | ConsumerGroupHeartbeat | 0-1    | KIP-848; decided by [`crate::consumer_protocol`] |
+//! | ConsumerGroupDescribe | 0-1     | KIP-848 groups; any other group is GROUP_ID_NOT_FOUND |
 //!
 //! KIP-848 consumer groups ([`crate::consumer_protocol`]) live in this face too, one
 //! [`ConsumerGroup`] per group in a map behind one lock (a heartbeat is decided without I/O and
@@ -89,6 +90,7 @@ use kafka_protocol::messages::{
 use kafka_wire::{codes, str_bytes, ApiRange, Handler, Request};
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -107,7 +109,10 @@ use kafka_protocol::messages::offset_commit_response::{
 use kafka_protocol::messages::offset_delete_response::{
     OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
 };
-use kafka_protocol::messages::{ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse};
+use kafka_protocol::messages::{
+    ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse, ConsumerGroupHeartbeatRequest,
+    ConsumerGroupHeartbeatResponse,
+};
 use kafka_protocol::messages::{
     DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
     GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
@@ -199,11 +204,26 @@ fn on_slot<T>(
     result
 }
 
-/// Who sent a JoinGroup: its client id (the header's) and its address, as DescribeGroups
+/// Who sent a JoinGroup or a ConsumerGroupHeartbeat: its client id (the header's) and its
+/// address, as DescribeGroups and ConsumerGroupDescribe
 /// shows them.
 struct Client {
     id: String,
     host: String,
+}
+
+impl Client {
+    /// The sender of a request with `header`, from `peer`.
+    fn of(header: &kafka_protocol::messages::RequestHeader, peer: Option<SocketAddr>) -> Self {
+        Self {
+            id: header
+                .client_id
+                .as_ref()
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
+            host: peer.map(|p| format!("/{}", p.ip())).unwrap_or_default(),
+        }
+    }
 }
 
 /// How often a parked JoinGroup/SyncGroup re-checks its group.
@@ -592,21 +612,16 @@ impl Handler for KafkaCoordinator {
                 ResponseKind::OffsetCommit(self.offset_commit(r, version).await)
             }
             RequestKind::ConsumerGroupHeartbeat(r) => {
-                ResponseKind::ConsumerGroupHeartbeat(self.consumer_group_heartbeat(r, version))
+                let client = Client::of(&request.header, request.peer);
+                ResponseKind::ConsumerGroupHeartbeat(
+                    self.consumer_group_heartbeat(r, version, client),
+                )
+            }
+            RequestKind::ConsumerGroupDescribe(r) => {
+                ResponseKind::ConsumerGroupDescribe(self.consumer_group_describe(r, version))
             }
             RequestKind::JoinGroup(r) => {
-                let client = Client {
-                    id: request
-                        .header
-                        .client_id
-                        .as_ref()
-                        .map(|c| c.to_string())
-                        .unwrap_or_default(),
-                    host: request
-                        .peer
-                        .map(|p| format!("/{}", p.ip()))
-                        .unwrap_or_default(),
-                };
+                let client = Client::of(&request.header, request.peer);
                 ResponseKind::JoinGroup(self.join_group(r, version, client).await)
             }
             RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(self.sync_group(r, version).await),
@@ -740,6 +755,7 @@ impl KafkaCoordinator {
         &self,
         r: ConsumerGroupHeartbeatRequest,
         version: i16,
+        client: Client,
     ) -> ConsumerGroupHeartbeatResponse {
         let mut response = ConsumerGroupHeartbeatResponse::default();
         let group_id = r.group_id.0.to_string();
@@ -794,6 +810,8 @@ impl KafkaCoordinator {
             subscribed_topic_regex: r.subscribed_topic_regex.as_ref().map(|x| x.to_string()),
             server_assignor: r.server_assignor.as_ref().map(|a| a.to_string()),
             owned,
+            client_id: client.id,
+            client_host: client.host,
         };
         let joining = heartbeat.member_epoch == crate::consumer_protocol::JOIN_EPOCH;
         let result = {
@@ -857,6 +875,85 @@ impl KafkaCoordinator {
                 response
             }
         }
+    }
+
+    /// ConsumerGroupDescribe (KIP-848) v0-1: each KIP-848 group's state, epochs, assignor and
+    /// members with their subscriptions, current and target assignments. A group that is not
+    /// a KIP-848 group here (a classic one, or unknown) is GROUP_ID_NOT_FOUND, as in Kafka;
+    /// admin clients then describe it with DescribeGroups. NOT_COORDINATOR and
+    /// COORDINATOR_LOAD_IN_PROGRESS per group as for every group request. Authorized
+    /// operations are not computed (no ACLs): `i32::MIN`.
+    fn consumer_group_describe(
+        &self,
+        r: ConsumerGroupDescribeRequest,
+        version: i16,
+    ) -> ConsumerGroupDescribeResponse {
+        use kafka_protocol::messages::consumer_group_describe_response as cgd;
+        let topology = self.service.topology();
+        let assignment = |partitions: &std::collections::BTreeSet<TopicPartition>| {
+            let mut by_topic: std::collections::BTreeMap<&str, Vec<i32>> = Default::default();
+            for tp in partitions {
+                by_topic.entry(&tp.topic).or_default().push(tp.partition);
+            }
+            let mut out = cgd::Assignment::default();
+            out.topic_partitions = by_topic
+                .into_iter()
+                .filter_map(|(topic, partitions)| {
+                    let mut t = cgd::TopicPartitions::default();
+                    t.topic_id = topic_uuid(topology, topic)?;
+                    t.topic_name = TopicName(str_bytes(topic));
+                    t.partitions = partitions;
+                    Some(t)
+                })
+                .collect();
+            out
+        };
+        let mut response = ConsumerGroupDescribeResponse::default();
+        for group in r.group_ids {
+            let group_id = group.0.to_string();
+            let mut out = cgd::DescribedGroup::default();
+            out.group_id = group;
+            out.authorized_operations = i32::MIN;
+            if let Err(code) = self.check_group(&group_id) {
+                out.error_code = code;
+                response.groups.push(out);
+                continue;
+            }
+            let described = self.on_consumer_group(&group_id, |g| {
+                out.group_state = str_bytes(g.state_name());
+                out.group_epoch = g.group_epoch();
+                out.assignment_epoch = g.target_epoch();
+                out.assignor_name = str_bytes(g.assignor());
+                out.members = g
+                    .members()
+                    .map(|m| {
+                        let mut member = cgd::Member::default();
+                        member.member_id = str_bytes(&m.id);
+                        member.instance_id = m.instance_id.as_deref().map(str_bytes);
+                        member.member_epoch = m.epoch;
+                        member.client_id = str_bytes(&m.client_id);
+                        member.client_host = str_bytes(&m.client_host);
+                        member.subscribed_topic_names =
+                            m.topics.iter().map(|t| TopicName(str_bytes(t))).collect();
+                        member.subscribed_topic_regex = m.regex.as_deref().map(str_bytes);
+                        member.assignment = assignment(&m.assigned);
+                        member.target_assignment = assignment(&g.target_of(&m.id));
+                        if version >= 1 {
+                            member.member_type = 1;
+                        }
+                        member
+                    })
+                    .collect();
+            });
+            if described.is_none() {
+                out.error_code = ResponseError::GroupIdNotFound.code();
+                out.error_message = Some(str_bytes(format!(
+                    "group {group_id} is not a consumer-protocol group"
+                )));
+            }
+            response.groups.push(out);
+        }
+        response
     }
 
     async fn join_group(
@@ -1217,8 +1314,9 @@ impl KafkaCoordinator {
     /// ([`GroupMembership::describe`]); NOT_COORDINATOR and COORDINATOR_LOAD_IN_PROGRESS per
     /// group as for every group request. A group without a membership here is Empty when it
     /// has committed offsets and Dead otherwise (Kafka's answer for a group it does not know,
-    /// before v6). Authorized operations are not computed (no ACLs): `i32::MIN`, Kafka's
-    /// "not requested".
+    /// before v6). A KIP-848 group with members is GROUP_ID_NOT_FOUND, as in Kafka (it is
+    /// described by ConsumerGroupDescribe). Authorized operations are not computed (no ACLs):
+    /// `i32::MIN`, Kafka's "not requested".
     async fn describe_groups(
         &self,
         r: DescribeGroupsRequest,
@@ -1232,6 +1330,12 @@ impl KafkaCoordinator {
             out.authorized_operations = i32::MIN;
             if let Err(code) = self.check_group(&group_id) {
                 out.error_code = code;
+                response.groups.push(out);
+                continue;
+            }
+            if self.on_consumer_group(&group_id, |g| !g.is_empty()) == Some(true) {
+                // A KIP-848 group: described by ConsumerGroupDescribe, as in Kafka.
+                out.error_code = ResponseError::GroupIdNotFound.code();
                 response.groups.push(out);
                 continue;
             }

@@ -7,6 +7,7 @@ up, in its revocation callback).
 2. Consumer A joins alone and gets all three partitions; it reads some records and commits.
 3. Consumer B joins: A revokes what the coordinator moves to B, B gets it; their assignments
    are disjoint and cover the topic.
+   The AdminClient describes the group as it is (ConsumerGroupDescribe).
 4. Both read on until 300 records are read between them; then A closes (leaves the group) and
    B ends up with all three partitions.
 
@@ -15,6 +16,7 @@ import sys
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from common import bootstrap, check, fail, report
 
@@ -99,6 +101,17 @@ wait_until(lambda: assignments["b"] and len(assignments["a"]) + len(assignments[
 shared = {"a": sorted(assignments["a"]), "b": sorted(assignments["b"])}
 check(not (assignments["a"] & assignments["b"]), "a partition assigned twice: %s" % assignments)
 
+# What an operator sees (librdkafka's AdminClient asks ConsumerGroupDescribe first).
+admin = AdminClient({"bootstrap.servers": servers})
+described = admin.describe_consumer_groups([group])[group].result(30)
+members = {m.client_id: sorted(tp.partition for tp in m.assignment.topic_partitions)
+           for m in described.members}
+description = {
+    "type": str(described.type),
+    "members": members,
+    "assignor": described.partition_assignor,
+}
+
 wait_until(lambda: len(seen) >= PARTITIONS * PER_PARTITION, both, "every record to be read")
 a.commit(asynchronous=False)
 b.commit(asynchronous=False)
@@ -110,4 +123,5 @@ b.close()
 
 report(read_by_a_alone=read_by_a_alone, shared=shared, read=len(seen),
        duplicates=len(duplicates), b_final=b_final,
-       committed=sorted(tp.offset for tp in committed), a_handed_over=handovers["a"])
+       committed=sorted(tp.offset for tp in committed), a_handed_over=handovers["a"],
+       description=description)

@@ -2201,8 +2201,9 @@ async fn kip848_commit(
 /// coordinator: A joins alone (epoch 1, all three partitions); B joins; A must revoke before B
 /// gets anything, then both are at epoch 2 with disjoint halves. A's commit at epoch 1 is then
 /// STALE_MEMBER_EPOCH, a heartbeat ahead of its epoch FENCED_MEMBER_EPOCH, an unknown member's
-/// UNKNOWN_MEMBER_ID, a member's commit below v9 UNSUPPORTED_VERSION; and a classic JoinGroup
-/// to the group is INCONSISTENT_GROUP_PROTOCOL. Nothing refused is stored.
+/// UNKNOWN_MEMBER_ID, a member's commit below v9 UNSUPPORTED_VERSION; a classic JoinGroup
+/// to the group is INCONSISTENT_GROUP_PROTOCOL and DescribeGroups GROUP_ID_NOT_FOUND. Nothing
+/// refused is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kip848_member_epochs_fence_zombie_consumers() {
     const FENCED_MEMBER_EPOCH: i16 = 110;
@@ -2210,6 +2211,7 @@ async fn kip848_member_epochs_fence_zombie_consumers() {
     const UNKNOWN_MEMBER_ID: i16 = 25;
     const UNSUPPORTED_VERSION: i16 = 35;
     const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
+    const GROUP_ID_NOT_FOUND: i16 = 69;
     let cluster = kip848_cluster().await;
     let group = "kip848-fencing";
     let coordinator = cluster
@@ -2269,6 +2271,20 @@ async fn kip848_member_epochs_fence_zombie_consumers() {
         panic!("JoinGroup response")
     };
     assert_eq!(join.error_code, INCONSISTENT_GROUP_PROTOCOL);
+    // DescribeGroups leaves it to ConsumerGroupDescribe, as Kafka does.
+    let mut describe = kafka_protocol::messages::DescribeGroupsRequest::default();
+    describe.groups = vec![kafka_protocol::messages::GroupId(str_bytes(group))];
+    let ResponseKind::DescribeGroups(described) = kafka_call(
+        coordinator,
+        ApiKey::DescribeGroups,
+        5,
+        RequestKind::DescribeGroups(describe),
+    )
+    .await
+    else {
+        panic!("DescribeGroups response")
+    };
+    assert_eq!(described.groups[0].error_code, GROUP_ID_NOT_FOUND);
     // Only the accepted commit (offset 7 at epoch 1) was stored; A's current epoch commits.
     assert_eq!(
         testkit::kafka::committed_offsets(coordinator, group).await,
@@ -2312,5 +2328,20 @@ async fn confluent_kafka_consumer_protocol_shares_and_hands_over_partitions() {
     let a = report["shared"]["a"].as_array().unwrap().len();
     let b = report["shared"]["b"].as_array().unwrap().len();
     assert!(a > 0 && b > 0 && a + b == 3, "{report}");
+    // ConsumerGroupDescribe showed the group as the consumers saw it.
+    let description = &report["description"];
+    assert_eq!(
+        description["type"], "ConsumerGroupType.CONSUMER",
+        "{report}"
+    );
+    assert_eq!(description["assignor"], "uniform", "{report}");
+    assert_eq!(
+        description["members"]["a"], report["shared"]["a"],
+        "{report}"
+    );
+    assert_eq!(
+        description["members"]["b"], report["shared"]["b"],
+        "{report}"
+    );
     cluster.shutdown().await.unwrap();
 }

@@ -447,6 +447,18 @@ fn requests(producer: (i64, i16)) -> Vec<(ApiKey, RequestKind)> {
         ApiKey::ConsumerGroupHeartbeat,
         RequestKind::ConsumerGroupHeartbeat(r),
     ));
+    // Describing it, a classic group and an unknown one.
+    let mut r = ConsumerGroupDescribeRequest::default();
+    r.group_ids = vec![
+        GroupId(s("kip848-fuzz")),
+        group(),
+        GroupId(s("no-such-group")),
+    ];
+    r.include_authorized_operations = true;
+    out.push((
+        ApiKey::ConsumerGroupDescribe,
+        RequestKind::ConsumerGroupDescribe(r),
+    ));
 
     for (producer, transactional) in [(Some(producer), true), (None, false)] {
         let mut p = produce_request::PartitionProduceData::default();

@@ -75,6 +75,7 @@ pub const COORDINATOR_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::DeleteGroups, 0, 2),
     ApiRange::new(ApiKey::OffsetDelete, 0, 0),
     ApiRange::new(ApiKey::ConsumerGroupHeartbeat, 0, 1),
+    ApiRange::new(ApiKey::ConsumerGroupDescribe, 0, 1),
 ];
 
 /// The APIs one table holds.
@@ -174,6 +175,6 @@ mod tests {
             let valid = api.key.valid_versions();
             assert!(api.min >= valid.min && api.max <= valid.max, "{api:?}");
         }
-        assert_eq!(table.apis().len(), 4 + 6 + 18 - 1);
+        assert_eq!(table.apis().len(), 4 + 6 + 19 - 1);
     }
 }

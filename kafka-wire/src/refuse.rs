@@ -2,8 +2,8 @@
 //! partition's leader (NOT_LEADER_OR_FOLLOWER, per partition) or not the key's coordinator
 //! (NOT_COORDINATOR). Clients then refresh their metadata or find the coordinator again.
 //! ListTransactions and ListGroups on a node that coordinates nothing are empty lists, as on a
-//! Kafka broker without transaction state or group partitions; DeleteGroups, OffsetDelete and
-//! ConsumerGroupHeartbeat are NOT_COORDINATOR.
+//! Kafka broker without transaction state or group partitions; DeleteGroups, OffsetDelete,
+//! ConsumerGroupHeartbeat and ConsumerGroupDescribe are NOT_COORDINATOR.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::add_partitions_to_txn_response::{
@@ -364,6 +364,22 @@ pub fn not_served_here(request: &RequestKind, version: i16) -> Option<ResponseKi
             response.error_code = not_coordinator;
             ResponseKind::OffsetDelete(response)
         }
+        RequestKind::ConsumerGroupDescribe(r) => {
+            use kafka_protocol::messages::consumer_group_describe_response::DescribedGroup;
+            let mut response = kafka_protocol::messages::ConsumerGroupDescribeResponse::default();
+            response.groups = r
+                .group_ids
+                .iter()
+                .map(|g| {
+                    let mut out = DescribedGroup::default();
+                    out.group_id = g.clone();
+                    out.error_code = not_coordinator;
+                    out.authorized_operations = i32::MIN;
+                    out
+                })
+                .collect();
+            ResponseKind::ConsumerGroupDescribe(response)
+        }
         RequestKind::ConsumerGroupHeartbeat(_) => {
             let mut response = kafka_protocol::messages::ConsumerGroupHeartbeatResponse::default();
             response.error_code = not_coordinator;
@@ -420,6 +436,11 @@ mod tests {
             ApiKey::OffsetDelete => RequestKind::OffsetDelete(Default::default()),
             ApiKey::ConsumerGroupHeartbeat => {
                 RequestKind::ConsumerGroupHeartbeat(Default::default())
+            }
+            ApiKey::ConsumerGroupDescribe => {
+                let mut r = ConsumerGroupDescribeRequest::default();
+                r.group_ids.push(GroupId(crate::str_bytes("g")));
+                RequestKind::ConsumerGroupDescribe(r)
             }
             ApiKey::DescribeGroups => {
                 let mut r = DescribeGroupsRequest::default();
