@@ -636,6 +636,30 @@ impl ConsumerGroup {
         Ok(())
     }
 
+    /// May this caller read the group's offsets? As Kafka's `ConsumerGroup.validateOffsetFetch`:
+    /// a caller naming no member and no epoch (an admin tool) always; otherwise a member at
+    /// exactly its current epoch.
+    pub fn check_fetch(
+        &self,
+        member_id: &str,
+        member_epoch: i32,
+    ) -> Result<(), ConsumerGroupError> {
+        if member_epoch < 0 && member_id.is_empty() {
+            return Ok(());
+        }
+        let m = self
+            .members
+            .get(member_id)
+            .ok_or_else(|| ConsumerGroupError::UnknownMemberId(member_id.to_string()))?;
+        if member_epoch != m.epoch {
+            return Err(ConsumerGroupError::StaleMemberEpoch {
+                got: member_epoch,
+                current: m.epoch,
+            });
+        }
+        Ok(())
+    }
+
     /// The topics some member subscribes to (for OffsetDelete's GROUP_SUBSCRIBED_TO_TOPIC).
     pub fn subscribed_topics(&self) -> BTreeSet<String> {
         self.members
@@ -999,6 +1023,22 @@ mod tests {
         assert_eq!(
             g.check_commit("gone", 2, true, true),
             Err(ConsumerGroupError::UnknownMemberId("gone".into()))
+        );
+    }
+
+    #[test]
+    fn offset_fetches_naming_a_member_need_its_exact_epoch() {
+        let mut g = ConsumerGroup::new("g", topics());
+        g.heartbeat(join("a", &["orders"]), 0).unwrap();
+        assert_eq!(g.check_fetch("", -1), Ok(()), "an admin tool");
+        assert_eq!(g.check_fetch("a", 1), Ok(()));
+        assert_eq!(
+            g.check_fetch("a", 0),
+            Err(ConsumerGroupError::StaleMemberEpoch { got: 0, current: 1 })
+        );
+        assert_eq!(
+            g.check_fetch("zombie", 1),
+            Err(ConsumerGroupError::UnknownMemberId("zombie".into()))
         );
     }
 

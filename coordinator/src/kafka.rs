@@ -18,7 +18,7 @@
 //! | AddOffsetsToTxn      | 0-3      | |
 //! | TxnOffsetCommit      | 0-3      | v3: generation and member id (KIP-447) |
 //! | EndTxn               | 0-4      | v5 is transaction version 2 |
-//! | OffsetFetch          | 1-7      | v7: require_stable (KIP-447); v8+ is the batched form |
+//! | OffsetFetch          | 1-9      | v7: require_stable (KIP-447); v8: batched groups; v9: KIP-848 member epoch |
 //! | ListTransactions     | 0-1      | |
 //! | DescribeTransactions | 0        | |
 //! | OffsetCommit         | 2-9      | outside transactions; checked against the membership (v9: member epochs) |
@@ -1611,63 +1611,96 @@ impl KafkaCoordinator {
         response
     }
 
+    /// OffsetFetch: one group (v1-7) or a batch of groups (v8+), each as
+    /// [`Self::fetch_group`] answers it. From v9 a request may name the member and its epoch
+    /// (KIP-848 consumers do): for a KIP-848 group it must be a member at exactly its current
+    /// epoch (STALE_MEMBER_EPOCH, UNKNOWN_MEMBER_ID otherwise, for that group), so a zombie
+    /// consumer cannot even read the offsets of the group it was fenced from.
     async fn offset_fetch(&self, r: OffsetFetchRequest, version: i16) -> OffsetFetchResponse {
-        let partitions: Vec<proto::TopicPartition> = r
-            .topics
-            .iter()
-            .flatten()
-            .flat_map(|t| {
-                t.partition_indexes.iter().map(|&p| proto::TopicPartition {
-                    topic: t.name.0.to_string(),
-                    partition: p,
-                })
-            })
-            .collect();
-        let group_id = r.group_id.0.to_string();
-        let grpc = proto::OffsetFetchRequest {
-            group_id: group_id.clone(),
-            partitions,
-            // Decided per partition below, as Kafka answers it.
-            require_stable: false,
-        };
         // KIP-447 (v7+): a read_committed consumer asks for stable offsets only.
         let require_stable = version >= 7 && r.require_stable;
         let mut response = OffsetFetchResponse::default();
-        match self.service.offset_fetch(grpc).await {
-            Ok((offsets, pending)) => {
-                for o in offsets {
-                    let mut p = OffsetFetchResponsePartition::default();
-                    p.partition_index = o.partition;
-                    p.committed_offset = o.offset;
-                    p.committed_leader_epoch = -1;
-                    p.metadata = Some(str_bytes(""));
-                    if require_stable
-                        && pending
-                            .iter()
-                            .any(|tp| tp.topic == o.topic && tp.partition == o.partition)
-                    {
-                        tracing::debug!(group = %group_id, topic = %o.topic, partition = o.partition,
-                                        "offset fetch: a transaction's offset is pending");
-                        p.committed_offset = -1;
-                        p.error_code = ResponseError::UnstableOffsetCommit.code();
+        if version >= 8 {
+            use kafka_protocol::messages::offset_fetch_response::{
+                OffsetFetchResponseGroup, OffsetFetchResponsePartitions, OffsetFetchResponseTopics,
+            };
+            for group in &r.groups {
+                let group_id = group.group_id.0.to_string();
+                let mut out = OffsetFetchResponseGroup::default();
+                out.group_id = group.group_id.clone();
+                let member = group.member_id.as_ref().map(|m| m.to_string());
+                let fenced = if version >= 9 && (member.is_some() || group.member_epoch >= 0) {
+                    self.on_consumer_group(&group_id, |g| {
+                        g.check_fetch(member.as_deref().unwrap_or(""), group.member_epoch)
+                    })
+                    .and_then(Result::err)
+                } else {
+                    None
+                };
+                if let Some(e) = fenced {
+                    tracing::info!(group = %group_id, member = ?member, epoch = group.member_epoch,
+                                   "offset fetch fenced by the consumer group: {e}");
+                    out.error_code = consumer_code(&e);
+                    response.groups.push(out);
+                    continue;
+                }
+                let asked = group.topics.as_ref().map(|topics| {
+                    topics
+                        .iter()
+                        .map(|t| (t.name.0.to_string(), t.partition_indexes.clone()))
+                        .collect()
+                });
+                match self.fetch_group(&group_id, asked, require_stable).await {
+                    Err(code) => out.error_code = code,
+                    Ok(fetched) => {
+                        for (topic, p) in fetched {
+                            let mut partition = OffsetFetchResponsePartitions::default();
+                            partition.partition_index = p.partition_index;
+                            partition.committed_offset = p.committed_offset;
+                            partition.committed_leader_epoch = p.committed_leader_epoch;
+                            partition.metadata = p.metadata;
+                            partition.error_code = p.error_code;
+                            match out.topics.iter_mut().find(|t| t.name.0.as_str() == topic) {
+                                Some(t) => t.partitions.push(partition),
+                                None => {
+                                    let mut t = OffsetFetchResponseTopics::default();
+                                    t.name = TopicName(str_bytes(topic));
+                                    t.partitions.push(partition);
+                                    out.topics.push(t);
+                                }
+                            }
+                        }
                     }
+                }
+                response.groups.push(out);
+            }
+            return response;
+        }
+        let asked = r.topics.as_ref().map(|topics| {
+            topics
+                .iter()
+                .map(|t| (t.name.0.to_string(), t.partition_indexes.clone()))
+                .collect()
+        });
+        match self.fetch_group(&r.group_id.0, asked, require_stable).await {
+            Ok(fetched) => {
+                for (topic, p) in fetched {
                     match response
                         .topics
                         .iter_mut()
-                        .find(|t| t.name.0.as_str() == o.topic)
+                        .find(|t| t.name.0.as_str() == topic)
                     {
                         Some(t) => t.partitions.push(p),
                         None => {
                             let mut t = OffsetFetchResponseTopic::default();
-                            t.name = TopicName(str_bytes(o.topic));
+                            t.name = TopicName(str_bytes(topic));
                             t.partitions.push(p);
                             response.topics.push(t);
                         }
                     }
                 }
             }
-            Err(e) => {
-                let code = kafka_error(&e);
+            Err(code) => {
                 if version >= 2 {
                     response.error_code = code;
                 } else {
@@ -1692,6 +1725,59 @@ impl KafkaCoordinator {
             }
         }
         response
+    }
+
+    /// One group's committed offsets of the `asked` partitions (`None`: all of the group's),
+    /// with their topics; with `require_stable`, a partition whose offset a transaction has
+    /// pending is UNSTABLE_OFFSET_COMMIT (the client retries). The request's error otherwise.
+    async fn fetch_group(
+        &self,
+        group_id: &str,
+        asked: Option<Vec<(String, Vec<i32>)>>,
+        require_stable: bool,
+    ) -> Result<Vec<(String, OffsetFetchResponsePartition)>, i16> {
+        let partitions: Vec<proto::TopicPartition> = asked
+            .iter()
+            .flatten()
+            .flat_map(|(topic, partitions)| {
+                partitions.iter().map(|&p| proto::TopicPartition {
+                    topic: topic.clone(),
+                    partition: p,
+                })
+            })
+            .collect();
+        let grpc = proto::OffsetFetchRequest {
+            group_id: group_id.to_string(),
+            partitions,
+            // Decided per partition below, as Kafka answers it.
+            require_stable: false,
+        };
+        let (offsets, pending) = self
+            .service
+            .offset_fetch(grpc)
+            .await
+            .map_err(|e| kafka_error(&e))?;
+        Ok(offsets
+            .into_iter()
+            .map(|o| {
+                let mut p = OffsetFetchResponsePartition::default();
+                p.partition_index = o.partition;
+                p.committed_offset = o.offset;
+                p.committed_leader_epoch = -1;
+                p.metadata = Some(str_bytes(""));
+                if require_stable
+                    && pending
+                        .iter()
+                        .any(|tp| tp.topic == o.topic && tp.partition == o.partition)
+                {
+                    tracing::debug!(group = %group_id, topic = %o.topic, partition = o.partition,
+                                    "offset fetch: a transaction's offset is pending");
+                    p.committed_offset = -1;
+                    p.error_code = ResponseError::UnstableOffsetCommit.code();
+                }
+                (o.topic, p)
+            })
+            .collect())
     }
 
     async fn list_transactions(&self, r: ListTransactionsRequest) -> ListTransactionsResponse {

@@ -2197,13 +2197,55 @@ async fn kip848_commit(
     c.topics[0].partitions[0].error_code
 }
 
+/// An OffsetFetch v9 of `group` (all its offsets) as `member` at `epoch`: (the group's error
+/// code, its offsets of `input`).
+async fn kip848_fetch(
+    coordinator: std::net::SocketAddr,
+    group: &str,
+    member: Option<&str>,
+    epoch: i32,
+) -> (i16, Vec<(i32, i64)>) {
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestGroup;
+    use kafka_protocol::messages::{GroupId, OffsetFetchRequest};
+    let mut g = OffsetFetchRequestGroup::default();
+    g.group_id = GroupId(str_bytes(group));
+    g.member_id = member.map(str_bytes);
+    g.member_epoch = epoch;
+    g.topics = None;
+    let mut r = OffsetFetchRequest::default();
+    r.groups = vec![g];
+    r.require_stable = true;
+    let ResponseKind::OffsetFetch(f) = kafka_call(
+        coordinator,
+        ApiKey::OffsetFetch,
+        9,
+        RequestKind::OffsetFetch(r),
+    )
+    .await
+    else {
+        panic!("OffsetFetch response")
+    };
+    let g = &f.groups[0];
+    let offsets = g
+        .topics
+        .iter()
+        .filter(|t| t.name.0.as_str() == "input")
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (p.partition_index, p.committed_offset))
+        })
+        .collect();
+    (g.error_code, offsets)
+}
+
 /// KIP-848's member epochs fence a zombie consumer, over Kafka's protocol against a real
 /// coordinator: A joins alone (epoch 1, all three partitions); B joins; A must revoke before B
 /// gets anything, then both are at epoch 2 with disjoint halves. A's commit at epoch 1 is then
 /// STALE_MEMBER_EPOCH, a heartbeat ahead of its epoch FENCED_MEMBER_EPOCH, an unknown member's
 /// UNKNOWN_MEMBER_ID, a member's commit below v9 UNSUPPORTED_VERSION; a classic JoinGroup
-/// to the group is INCONSISTENT_GROUP_PROTOCOL and DescribeGroups GROUP_ID_NOT_FOUND. Nothing
-/// refused is stored.
+/// to the group is INCONSISTENT_GROUP_PROTOCOL and DescribeGroups GROUP_ID_NOT_FOUND; an
+/// OffsetFetch v9 naming A at a stale epoch is STALE_MEMBER_EPOCH. Nothing refused is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kip848_member_epochs_fence_zombie_consumers() {
     const FENCED_MEMBER_EPOCH: i16 = 110;
@@ -2291,6 +2333,24 @@ async fn kip848_member_epochs_fence_zombie_consumers() {
         vec![("input".to_string(), 0, 7)]
     );
     assert_eq!(kip848_commit(coordinator, group, "a", 2, 9).await, 0);
+    // OffsetFetch v9 naming the member: only at its current epoch; an admin tool (no member)
+    // always.
+    assert_eq!(
+        kip848_fetch(coordinator, group, Some("a"), 2).await,
+        (0, vec![(0, 7)])
+    );
+    assert_eq!(
+        kip848_fetch(coordinator, group, Some("a"), 1).await.0,
+        STALE_MEMBER_EPOCH
+    );
+    assert_eq!(
+        kip848_fetch(coordinator, group, Some("zombie"), 2).await.0,
+        UNKNOWN_MEMBER_ID
+    );
+    assert_eq!(
+        kip848_fetch(coordinator, group, None, -1).await,
+        (0, vec![(0, 7)])
+    );
     // Leaving frees A's partitions for B.
     assert_eq!(
         kip848_heartbeat(coordinator, group, "a", -1, None).await.0,

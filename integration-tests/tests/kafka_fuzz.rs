@@ -328,6 +328,22 @@ fn requests(producer: (i64, i16)) -> Vec<(ApiKey, RequestKind)> {
     out.push((ApiKey::OffsetFetch, RequestKind::OffsetFetch(r.clone())));
     r.require_stable = true;
     out.push((ApiKey::OffsetFetch, RequestKind::OffsetFetch(r)));
+    // Batched (v8+): the live group's partitions, all of a KIP-848 group's as a member (v9).
+    let mut topics = offset_fetch_request::OffsetFetchRequestTopics::default();
+    topics.name = topic();
+    topics.partition_indexes = vec![0, 1];
+    let mut live = offset_fetch_request::OffsetFetchRequestGroup::default();
+    live.group_id = group();
+    live.topics = Some(vec![topics]);
+    let mut kip848 = offset_fetch_request::OffsetFetchRequestGroup::default();
+    kip848.group_id = GroupId(s("kip848-fuzz"));
+    kip848.member_id = Some(s("fuzz-member"));
+    kip848.member_epoch = 1;
+    kip848.topics = None;
+    let mut r = OffsetFetchRequest::default();
+    r.groups = vec![live, kip848];
+    r.require_stable = true;
+    out.push((ApiKey::OffsetFetch, RequestKind::OffsetFetch(r)));
     let mut r = ListTransactionsRequest::default();
     r.producer_id_filters = vec![ProducerId(pid)];
     out.push((ApiKey::ListTransactions, RequestKind::ListTransactions(r)));

@@ -62,7 +62,7 @@ pub const COORDINATOR_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::AddOffsetsToTxn, 0, 3),
     ApiRange::new(ApiKey::TxnOffsetCommit, 0, 3),
     ApiRange::new(ApiKey::EndTxn, 0, 4),
-    ApiRange::new(ApiKey::OffsetFetch, 1, 7),
+    ApiRange::new(ApiKey::OffsetFetch, 1, 9),
     ApiRange::new(ApiKey::ListTransactions, 0, 1),
     ApiRange::new(ApiKey::DescribeTransactions, 0, 0),
     ApiRange::new(ApiKey::OffsetCommit, 2, 9),

@@ -237,7 +237,20 @@ pub fn not_served_here(request: &RequestKind, version: i16) -> Option<ResponseKi
         }
         RequestKind::OffsetFetch(r) => {
             let mut response = OffsetFetchResponse::default();
-            if version >= 2 {
+            if version >= 8 {
+                // Batched: each group carries the error.
+                response.groups = r
+                    .groups
+                    .iter()
+                    .map(|g| {
+                        let mut out =
+                            kafka_protocol::messages::offset_fetch_response::OffsetFetchResponseGroup::default();
+                        out.group_id = g.group_id.clone();
+                        out.error_code = not_coordinator;
+                        out
+                    })
+                    .collect();
+            } else if version >= 2 {
                 response.error_code = not_coordinator;
             } else {
                 response.topics = r
@@ -418,7 +431,13 @@ mod tests {
             ApiKey::AddOffsetsToTxn => RequestKind::AddOffsetsToTxn(Default::default()),
             ApiKey::TxnOffsetCommit => RequestKind::TxnOffsetCommit(Default::default()),
             ApiKey::EndTxn => RequestKind::EndTxn(Default::default()),
-            ApiKey::OffsetFetch => RequestKind::OffsetFetch(Default::default()),
+            ApiKey::OffsetFetch => {
+                let mut r = OffsetFetchRequest::default();
+                let mut g = kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestGroup::default();
+                g.group_id = GroupId(crate::str_bytes("g"));
+                r.groups.push(g);
+                RequestKind::OffsetFetch(r)
+            }
             ApiKey::ListTransactions => RequestKind::ListTransactions(Default::default()),
             ApiKey::DescribeTransactions => RequestKind::DescribeTransactions(Default::default()),
             ApiKey::OffsetCommit => RequestKind::OffsetCommit(Default::default()),
