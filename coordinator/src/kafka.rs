@@ -26,7 +26,7 @@
 //! | SyncGroup            | 0-5      | |
 //! | Heartbeat            | 0-4      | |
 //! | LeaveGroup           | 0-4      | v3+: batched members |
-//! | ListGroups           | 0-4      | v4: states filter; v5+ is KIP-848's types filter |
+//! | ListGroups           | 0-5      | v4: states filter; v5: types filter (KIP-848) |
 //! | DescribeGroups       | 0-5      | v6+ adds error messages (KIP-1043) |
 //! | DeleteGroups         | 0-2      | decided by [`crate::group_admin`] |
 //! | OffsetDelete         | 0        | KIP-496; decided by [`crate::group_admin`] |
@@ -1124,28 +1124,30 @@ impl KafkaCoordinator {
     /// first), with their protocol type and, from v4, their state, and, as in Kafka, the
     /// groups known only by their committed offsets (a membership dropped while idle, or
     /// lost in a restart): Empty, with no protocol type. v4's states filter keeps the groups
-    /// in one of the named states (case does not matter, as in Kafka).
+    /// in one of the named states, v5's types filter those of the named types, `classic` or
+    /// `consumer` (KIP-848) (case does not matter, as in Kafka); v5 answers each group's type.
     async fn list_groups(&self, r: ListGroupsRequest, version: i16) -> ListGroupsResponse {
-        let wanted: Vec<String> = if version >= 4 {
-            r.states_filter
-                .iter()
-                .map(|s| s.to_ascii_lowercase())
-                .collect()
-        } else {
-            Vec::new()
+        let lower = |filter: &[kafka_protocol::protocol::StrBytes], since: i16| -> Vec<String> {
+            if version >= since {
+                filter.iter().map(|s| s.to_ascii_lowercase()).collect()
+            } else {
+                Vec::new()
+            }
         };
+        let (states, types) = (lower(&r.states_filter, 4), lower(&r.types_filter, 5));
         let mut response = ListGroupsResponse::default();
-        let mut groups: std::collections::BTreeMap<String, (&'static str, String)> = self
-            .known_groups()
-            .into_iter()
-            .filter(|(group_id, _)| self.check_group(group_id).is_ok())
-            .map(|(group_id, slot)| {
-                let listed = on_slot(&group_id, &slot, |g, _| {
-                    (g.state().name(), g.protocol_type().to_string())
-                });
-                (group_id, listed)
-            })
-            .collect();
+        // group id -> (state, protocol type, group type)
+        let mut groups: std::collections::BTreeMap<String, (&'static str, String, &'static str)> =
+            self.known_groups()
+                .into_iter()
+                .filter(|(group_id, _)| self.check_group(group_id).is_ok())
+                .map(|(group_id, slot)| {
+                    let (state, protocol_type) = on_slot(&group_id, &slot, |g, _| {
+                        (g.state().name(), g.protocol_type().to_string())
+                    });
+                    (group_id, (state, protocol_type, "classic"))
+                })
+                .collect();
         let kip848: Vec<(String, &'static str)> = self
             .consumer_groups()
             .iter()
@@ -1153,14 +1155,14 @@ impl KafkaCoordinator {
             .map(|(group_id, g)| (group_id.clone(), g.state_name()))
             .collect();
         for (group_id, state) in kip848 {
-            groups.insert(group_id, (state, "consumer".to_string()));
+            groups.insert(group_id, (state, "consumer".to_string(), "consumer"));
         }
         match self.service.offset_groups().await {
             Ok(stored) => {
                 for group_id in stored {
                     groups
                         .entry(group_id)
-                        .or_insert_with(|| ("Empty", String::new()));
+                        .or_insert_with(|| ("Empty", String::new(), "classic"));
                 }
             }
             Err(e) => {
@@ -1168,14 +1170,18 @@ impl KafkaCoordinator {
                 return response;
             }
         }
-        for (group_id, (state, protocol_type)) in groups {
-            if !wanted.is_empty() && !wanted.contains(&state.to_ascii_lowercase()) {
+        for (group_id, (state, protocol_type, group_type)) in groups {
+            if !states.is_empty() && !states.contains(&state.to_ascii_lowercase()) {
+                continue;
+            }
+            if !types.is_empty() && !types.iter().any(|t| t == group_type) {
                 continue;
             }
             let mut listed = ListedGroup::default();
             listed.group_id = GroupId(str_bytes(&group_id));
             listed.protocol_type = str_bytes(&protocol_type);
             listed.group_state = str_bytes(state);
+            listed.group_type = str_bytes(group_type);
             response.groups.push(listed);
         }
         response

@@ -15,7 +15,7 @@ usage: kip848_confluent.py BOOTSTRAP GROUP"""
 import sys
 import time
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupType, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from common import bootstrap, check, fail, report
@@ -106,10 +106,19 @@ admin = AdminClient({"bootstrap.servers": servers})
 described = admin.describe_consumer_groups([group])[group].result(30)
 members = {m.client_id: sorted(tp.partition for tp in m.assignment.topic_partitions)
            for m in described.members}
+
+def listed(group_type):
+    groups = admin.list_consumer_groups(types={group_type}).result(30).valid
+    return sorted(g.group_id for g in groups)
+
+
 description = {
     "type": str(described.type),
     "members": members,
     "assignor": described.partition_assignor,
+    # ListGroups v5's types filter.
+    "listed_as_consumer": group in listed(ConsumerGroupType.CONSUMER),
+    "listed_as_classic": group in listed(ConsumerGroupType.CLASSIC),
 }
 
 wait_until(lambda: len(seen) >= PARTITIONS * PER_PARTITION, both, "every record to be read")

@@ -2395,6 +2395,8 @@ async fn confluent_kafka_consumer_protocol_shares_and_hands_over_partitions() {
         "{report}"
     );
     assert_eq!(description["assignor"], "uniform", "{report}");
+    assert_eq!(description["listed_as_consumer"], true, "{report}");
+    assert_eq!(description["listed_as_classic"], false, "{report}");
     assert_eq!(
         description["members"]["a"], report["shared"]["a"],
         "{report}"

@@ -70,7 +70,7 @@ pub const COORDINATOR_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::SyncGroup, 0, 5),
     ApiRange::new(ApiKey::Heartbeat, 0, 4),
     ApiRange::new(ApiKey::LeaveGroup, 0, 4),
-    ApiRange::new(ApiKey::ListGroups, 0, 4),
+    ApiRange::new(ApiKey::ListGroups, 0, 5),
     ApiRange::new(ApiKey::DescribeGroups, 0, 5),
     ApiRange::new(ApiKey::DeleteGroups, 0, 2),
     ApiRange::new(ApiKey::OffsetDelete, 0, 0),
