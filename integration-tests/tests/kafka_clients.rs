@@ -1266,6 +1266,21 @@ enum CtpFault {
     /// Kill the leader of `output` partition 0 and restart it: produce requests and markers
     /// to it fail meanwhile, transactions are open.
     RestartOutputLeader,
+    /// Pause processor A (SIGSTOP, most likely inside a transaction) past its session, so that
+    /// its partitions go to B, then let it go on (SIGCONT): a zombie that still believes it
+    /// owns them. Only the group's fence (generation, or KIP-848 member epoch, on its
+    /// TxnOffsetCommit) stops its transaction from committing output that B also produces.
+    PauseProcessor,
+}
+
+/// Sends `signal` (e.g. "STOP", "CONT") to a child process.
+fn signal(child: &tokio::process::Child, signal: &str) {
+    let pid = child.id().expect("running").to_string();
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal} {pid}");
 }
 
 /// Two librdkafka consume-transform-produce processors in group `ctp` while input keeps
@@ -1314,6 +1329,20 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
             cluster.kill(node).await.unwrap();
             cluster.restart(node).await.unwrap();
             // Both go on committing once they rejoined the restarted coordinator's group.
+            let (after_a, after_b) = (a.committed + 1, b.committed + 1);
+            a.committed_at_least(after_a).await;
+            b.committed_at_least(after_b).await;
+            vec![a, b]
+        }
+        CtpFault::PauseProcessor => {
+            b.committed_at_least(1).await;
+            signal(&a.child, "STOP");
+            // Past A's 6 s session: B takes A's partitions and processes them.
+            let b_before = b.committed;
+            tokio::time::sleep(Duration::from_secs(9)).await;
+            b.committed_at_least(b_before + 1).await;
+            signal(&a.child, "CONT");
+            // A finds itself fenced, aborts what it had open, rejoins and goes on.
             let (after_a, after_b) = (a.committed + 1, b.committed + 1);
             a.committed_at_least(after_a).await;
             b.committed_at_least(after_b).await;
@@ -1376,6 +1405,20 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
 async fn confluent_kafka_consume_transform_produce_with_a_kip848_group_survives_a_killed_processor()
 {
     consume_transform_produce_through(CtpFault::KillProcessor, GroupProtocol::Consumer).await;
+}
+
+/// A paused KIP-848 processor (a zombie: its partitions moved to the other while it slept)
+/// wakes up with a transaction open: its member epoch is no longer the group's, so its offsets
+/// are refused, it aborts, and nothing is processed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consume_transform_produce_with_a_kip848_group_fences_a_paused_processor() {
+    consume_transform_produce_through(CtpFault::PauseProcessor, GroupProtocol::Consumer).await;
+}
+
+/// The same zombie with the classic protocol: its generation fences it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consume_transform_produce_with_a_group_fences_a_paused_processor() {
+    consume_transform_produce_through(CtpFault::PauseProcessor, GroupProtocol::Classic).await;
 }
 
 /// KIP-848 consumers through a restart of the group's coordinator: every member is unknown to
