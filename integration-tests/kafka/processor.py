@@ -54,7 +54,7 @@ def rewind():
                                      tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
 
 
-def process(messages):
+def process(messages, group_metadata):
     producer.begin_transaction()
     for m in messages:
         producer.produce("output", key=m.key(), value=b"out-" + m.value(), partition=m.partition())
@@ -63,7 +63,11 @@ def process(messages):
     for m in messages:
         next_offsets[m.partition()] = max(next_offsets.get(m.partition(), 0), m.offset() + 1)
     positions = [TopicPartition("input", p, o) for p, o in sorted(next_offsets.items())]
-    producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), 60)
+    # The group metadata (member id, generation or member epoch) as it was when the records
+    # were read: if the group moved on meanwhile (this process was paused, its partitions went
+    # to another member, and it rejoined), the coordinator refuses these offsets and the
+    # transaction aborts, instead of committing with the metadata of the new membership.
+    producer.send_offsets_to_transaction(positions, group_metadata, 60)
     while True:
         try:
             producer.commit_transaction(60)
@@ -78,6 +82,7 @@ transactions = 0
 aborted = 0
 while not os.path.exists(stop_file):
     messages = consumer.consume(num_messages=20, timeout=0.2)
+    metadata = consumer.consumer_group_metadata()
     messages = [m for m in messages if m.error() is None or
                 m.error().code() != KafkaError._PARTITION_EOF]
     for m in messages:
@@ -89,7 +94,7 @@ while not os.path.exists(stop_file):
     if not messages:
         continue
     try:
-        process(messages)
+        process(messages, metadata)
     except KafkaException as e:
         if not e.args[0].txn_requires_abort():
             raise
