@@ -620,20 +620,13 @@ impl ConsumerGroup {
         if member_epoch < 0 && self.members.is_empty() {
             return Ok(());
         }
-        let m = self
-            .members
-            .get(member_id)
-            .ok_or_else(|| ConsumerGroupError::UnknownMemberId(member_id.to_string()))?;
+        if !self.members.contains_key(member_id) {
+            return Err(ConsumerGroupError::UnknownMemberId(member_id.to_string()));
+        }
         if !transactional && !member_epochs {
             return Err(ConsumerGroupError::UnsupportedVersion);
         }
-        if member_epoch != m.epoch {
-            return Err(ConsumerGroupError::StaleMemberEpoch {
-                got: member_epoch,
-                current: m.epoch,
-            });
-        }
-        Ok(())
+        self.check_member_epoch(member_id, member_epoch)
     }
 
     /// May this caller read the group's offsets? As Kafka's `ConsumerGroup.validateOffsetFetch`:
@@ -647,6 +640,15 @@ impl ConsumerGroup {
         if member_epoch < 0 && member_id.is_empty() {
             return Ok(());
         }
+        self.check_member_epoch(member_id, member_epoch)
+    }
+
+    /// A member at exactly its current epoch: UNKNOWN_MEMBER_ID / STALE_MEMBER_EPOCH otherwise.
+    fn check_member_epoch(
+        &self,
+        member_id: &str,
+        member_epoch: i32,
+    ) -> Result<(), ConsumerGroupError> {
         let m = self
             .members
             .get(member_id)

@@ -451,6 +451,17 @@ fn group_code(e: &GroupError) -> i16 {
     .code()
 }
 
+/// `partitions` grouped by topic, as KIP-848's assignments carry them.
+fn by_topic(
+    partitions: &std::collections::BTreeSet<TopicPartition>,
+) -> std::collections::BTreeMap<&str, Vec<i32>> {
+    let mut grouped: std::collections::BTreeMap<&str, Vec<i32>> = Default::default();
+    for tp in partitions {
+        grouped.entry(&tp.topic).or_default().push(tp.partition);
+    }
+    grouped
+}
+
 /// A topic's id (the topology's), as Kafka's protocol carries it.
 fn topic_uuid(topology: &cluster::Topology, topic: &str) -> Option<uuid::Uuid> {
     topology.topic_id(topic).map(uuid::Uuid::from_bytes)
@@ -855,17 +866,12 @@ impl KafkaCoordinator {
                 response.member_epoch = reply.member_epoch;
                 response.heartbeat_interval_ms = reply.heartbeat_interval_ms;
                 response.assignment = reply.assignment.map(|assigned| {
-                    let mut by_topic: std::collections::BTreeMap<String, Vec<i32>> =
-                        std::collections::BTreeMap::new();
-                    for tp in assigned {
-                        by_topic.entry(tp.topic).or_default().push(tp.partition);
-                    }
                     let mut assignment = Assignment::default();
-                    assignment.topic_partitions = by_topic
+                    assignment.topic_partitions = by_topic(&assigned)
                         .into_iter()
                         .filter_map(|(topic, partitions)| {
                             let mut t = HeartbeatTopicPartitions::default();
-                            t.topic_id = topic_uuid(topology, &topic)?;
+                            t.topic_id = topic_uuid(topology, topic)?;
                             t.partitions = partitions;
                             Some(t)
                         })
@@ -891,12 +897,8 @@ impl KafkaCoordinator {
         use kafka_protocol::messages::consumer_group_describe_response as cgd;
         let topology = self.service.topology();
         let assignment = |partitions: &std::collections::BTreeSet<TopicPartition>| {
-            let mut by_topic: std::collections::BTreeMap<&str, Vec<i32>> = Default::default();
-            for tp in partitions {
-                by_topic.entry(&tp.topic).or_default().push(tp.partition);
-            }
             let mut out = cgd::Assignment::default();
-            out.topic_partitions = by_topic
+            out.topic_partitions = by_topic(partitions)
                 .into_iter()
                 .filter_map(|(topic, partitions)| {
                     let mut t = cgd::TopicPartitions::default();

@@ -2158,12 +2158,7 @@ async fn kip848_heartbeat(
 ) -> (i16, i32, Option<Vec<i32>>) {
     use kafka_protocol::messages::consumer_group_heartbeat_request::TopicPartitions;
     use kafka_protocol::messages::{ConsumerGroupHeartbeatRequest, GroupId, TopicName};
-    let input = uuid::Uuid::from_bytes(
-        cluster::Topology::parse(TOPOLOGY_FOR_IDS)
-            .unwrap()
-            .topic_id("input")
-            .unwrap(),
-    );
+    let input = uuid::Uuid::from_bytes(cluster::topic_id("input"));
     let mut r = ConsumerGroupHeartbeatRequest::default();
     r.group_id = GroupId(str_bytes(group));
     r.member_id = str_bytes(member);
@@ -2197,12 +2192,6 @@ async fn kip848_heartbeat(
     });
     (reply.error_code, reply.member_epoch, assigned)
 }
-
-/// Topic ids depend on the topic names only: any topology with `input` gives its id.
-const TOPOLOGY_FOR_IDS: &str = "transaction_state_partitions = 1\n\
-    [[coordinators]]\nid = 1\naddress = \"127.0.0.1:1\"\n\
-    [[leaders]]\nid = 2\naddress = \"127.0.0.1:2\"\n\
-    [[topics]]\nname = \"input\"\nleaders = [2, 2, 2]\n";
 
 /// An OffsetCommit v9 of `member` at `epoch` for input-0; its error code.
 async fn kip848_commit(
