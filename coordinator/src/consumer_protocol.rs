@@ -32,10 +32,22 @@
 //! - A join (epoch 0) with the id of a known member replaces it: the old incarnation is removed
 //!   (its partitions are freed, its epoch is no longer anyone's) and the new one starts over.
 //!   Kafka answers FENCED_MEMBER_EPOCH until the old one's session expires.
-//! - A static member's temporary leave (epoch -2) leaves like -1: its partitions are freed at
-//!   once rather than kept for its return within the session timeout.
-//! - A static member (instance id) that joins while another live member holds the instance id
-//!   is UNRELEASED_INSTANCE_ID, as in Kafka.
+//!
+//! Static membership (`group.instance.id`), as in Kafka:
+//! - A static member's temporary leave (epoch -2) keeps it in the group at epoch -2 with its
+//!   partitions: nobody else gets them, and the group epoch does not move. Partitions it was
+//!   still revoking are freed.
+//! - A join with the instance id of a member at -2 **replaces** it: the new member id takes its
+//!   assignment and target, at the target epoch, with no rebalance for anyone (unless the
+//!   subscription changed). The old member id is gone: its heartbeats and commits are refused.
+//! - A join with an instance id held by a live member (epoch >= 0) under another member id is
+//!   UNRELEASED_INSTANCE_ID; the same member id rejoining (its join reply was lost) replaces
+//!   itself.
+//! - A heartbeat or a leave that names an instance id held by another member id is
+//!   FENCED_INSTANCE_ID, so a replaced static consumer (a zombie) can neither heartbeat nor
+//!   make the new holder leave; an instance id nobody holds is UNKNOWN_MEMBER_ID.
+//! - A member at -2 that does not come back within the session timeout is removed like any
+//!   silent member, and its partitions move.
 //! - Membership is not persisted (as for classic groups, [`crate::consumer_groups`]): after a
 //!   coordinator restart every member is unknown (UNKNOWN_MEMBER_ID) and rejoins; its commits
 //!   are refused until it has, so the fencing holds across restarts.
@@ -91,6 +103,9 @@ pub enum ConsumerGroupError {
     /// UNRELEASED_INSTANCE_ID.
     #[error("instance id {0:?} is held by a live member")]
     UnreleasedInstanceId(String),
+    /// FENCED_INSTANCE_ID: the instance id is held by another member id now.
+    #[error("instance id {0:?} is held by another member: this one was replaced")]
+    FencedInstanceId(String),
     /// UNSUPPORTED_VERSION: a member of this protocol must commit with OffsetCommit v9+.
     #[error("members of a consumer-protocol group commit with OffsetCommit v9 or later")]
     UnsupportedVersion,
@@ -330,14 +345,16 @@ impl ConsumerGroup {
         validate(&hb)?;
         self.tick(now_ms);
         if hb.member_epoch == LEAVE_EPOCH || hb.member_epoch == STATIC_LEAVE_EPOCH {
-            let id = match (&hb.instance_id, self.members.contains_key(&hb.member_id)) {
-                (_, true) => hb.member_id.clone(),
-                (Some(instance), false) => self
-                    .static_member(instance)
-                    .ok_or_else(|| ConsumerGroupError::UnknownMemberId(hb.member_id.clone()))?,
-                (None, false) => return Err(ConsumerGroupError::UnknownMemberId(hb.member_id)),
+            let id = match &hb.instance_id {
+                Some(instance) => self.static_holder(instance, &hb.member_id)?,
+                None if self.members.contains_key(&hb.member_id) => hb.member_id.clone(),
+                None => return Err(ConsumerGroupError::UnknownMemberId(hb.member_id)),
             };
-            self.remove(&id);
+            if hb.member_epoch == STATIC_LEAVE_EPOCH {
+                self.leave_temporarily(&id);
+            } else {
+                self.remove(&id);
+            }
             return Ok(HeartbeatReply {
                 member_id: hb.member_id,
                 member_epoch: hb.member_epoch,
@@ -357,42 +374,61 @@ impl ConsumerGroup {
             } else {
                 hb.member_id.clone()
             };
-            if let Some(instance) = &hb.instance_id {
-                if let Some(holder) = self.static_member(instance) {
-                    if holder != id {
-                        return Err(ConsumerGroupError::UnreleasedInstanceId(instance.clone()));
-                    }
+            // A static member coming back: it replaces the holder of its instance id, if the
+            // holder left temporarily (-2) or is itself.
+            let replaced = match hb
+                .instance_id
+                .as_deref()
+                .and_then(|i| self.static_member(i))
+            {
+                Some(holder) if holder == id => Some(holder),
+                Some(holder) if self.members[&holder].epoch == STATIC_LEAVE_EPOCH => Some(holder),
+                Some(_) => {
+                    let instance = hb.instance_id.clone().unwrap_or_default();
+                    return Err(ConsumerGroupError::UnreleasedInstanceId(instance));
                 }
+                None => None,
+            };
+            if let Some(holder) = replaced {
+                if holder != id && self.members.contains_key(&id) {
+                    // Its new id was some other member's: that one goes first.
+                    self.remove(&id);
+                }
+                self.replace(&holder, &id, hb.instance_id.clone(), now_ms);
+            } else {
+                if self.members.contains_key(&id) {
+                    // A new incarnation of a known member: the old one goes, partitions and all.
+                    self.remove(&id);
+                }
+                self.members.insert(
+                    id.clone(),
+                    Member {
+                        id: id.clone(),
+                        instance_id: hb.instance_id.clone(),
+                        epoch: 0,
+                        previous_epoch: -1,
+                        state: MemberState::Stable,
+                        topics: BTreeSet::new(),
+                        regex: None,
+                        matcher: None,
+                        assignor: None,
+                        rebalance_timeout_ms: i64::from(hb.rebalance_timeout_ms.max(0)),
+                        client_id: String::new(),
+                        client_host: String::new(),
+                        assigned: BTreeSet::new(),
+                        revoking: BTreeSet::new(),
+                        sent: None,
+                        last_heartbeat_ms: now_ms,
+                        revoke_since_ms: None,
+                    },
+                );
+                changed = true;
             }
-            if self.members.contains_key(&id) {
-                // A new incarnation of a known member: the old one goes, partitions and all.
-                self.remove(&id);
-            }
-            self.members.insert(
-                id.clone(),
-                Member {
-                    id: id.clone(),
-                    instance_id: hb.instance_id.clone(),
-                    epoch: 0,
-                    previous_epoch: -1,
-                    state: MemberState::Stable,
-                    topics: BTreeSet::new(),
-                    regex: None,
-                    matcher: None,
-                    assignor: None,
-                    rebalance_timeout_ms: i64::from(hb.rebalance_timeout_ms.max(0)),
-                    client_id: String::new(),
-                    client_host: String::new(),
-                    assigned: BTreeSet::new(),
-                    revoking: BTreeSet::new(),
-                    sent: None,
-                    last_heartbeat_ms: now_ms,
-                    revoke_since_ms: None,
-                },
-            );
-            changed = true;
             id
         } else {
+            if let Some(instance) = &hb.instance_id {
+                self.static_holder(instance, &hb.member_id)?;
+            }
             let m = self
                 .members
                 .get(&hb.member_id)
@@ -406,11 +442,6 @@ impl ConsumerGroup {
                     got: hb.member_epoch,
                     current: m.epoch,
                 });
-            }
-            if let Some(instance) = &hb.instance_id {
-                if m.instance_id.as_deref() != Some(instance) {
-                    return Err(ConsumerGroupError::UnknownMemberId(hb.member_id.clone()));
-                }
             }
             hb.member_id.clone()
         };
@@ -467,6 +498,74 @@ impl ConsumerGroup {
             .values()
             .find(|m| m.instance_id.as_deref() == Some(instance_id))
             .map(|m| m.id.clone())
+    }
+
+    /// The member holding `instance_id`, if it is `member_id`: UNKNOWN_MEMBER_ID if nobody
+    /// holds it, FENCED_INSTANCE_ID if another member does (`member_id` was replaced).
+    fn static_holder(
+        &self,
+        instance_id: &str,
+        member_id: &str,
+    ) -> Result<String, ConsumerGroupError> {
+        match self.static_member(instance_id) {
+            None => Err(ConsumerGroupError::UnknownMemberId(member_id.to_string())),
+            Some(holder) if holder != member_id => Err(ConsumerGroupError::FencedInstanceId(
+                instance_id.to_string(),
+            )),
+            Some(holder) => Ok(holder),
+        }
+    }
+
+    /// A static member's temporary leave: it stays, at epoch -2, with its partitions (nobody
+    /// else gets them until it is replaced or its session expires); what it was still revoking
+    /// is freed. The group epoch does not move.
+    fn leave_temporarily(&mut self, member_id: &str) {
+        let Some(m) = self.members.get_mut(member_id) else {
+            return;
+        };
+        let revoking = std::mem::take(&mut m.revoking);
+        m.epoch = STATIC_LEAVE_EPOCH;
+        m.state = MemberState::Stable;
+        m.revoke_since_ms = None;
+        m.sent = None;
+        for tp in &revoking {
+            if self.owners.get(tp).map(String::as_str) == Some(member_id) {
+                self.owners.remove(tp);
+            }
+        }
+    }
+
+    /// A static member's return under `new_id`: the member `old_id` becomes `new_id`, with its
+    /// partitions, its subscription and its target, at epoch 0 (reconciliation then brings it to
+    /// the target epoch), or at its own epoch if it is the same live member joining again.
+    /// Partitions the old one was still revoking are freed.
+    fn replace(&mut self, old_id: &str, new_id: &str, instance_id: Option<String>, now_ms: i64) {
+        let Some(mut m) = self.members.remove(old_id) else {
+            return;
+        };
+        for tp in m.revoking.iter() {
+            if self.owners.get(tp).map(String::as_str) == Some(old_id) {
+                self.owners.remove(tp);
+            }
+        }
+        for tp in &m.assigned {
+            self.owners.insert(tp.clone(), new_id.to_string());
+        }
+        if let Some(target) = self.target.remove(old_id) {
+            self.target.insert(new_id.to_string(), target);
+        }
+        if old_id != new_id || m.epoch < 0 {
+            m.epoch = 0;
+            m.previous_epoch = -1;
+        }
+        m.id = new_id.to_string();
+        m.instance_id = instance_id;
+        m.state = MemberState::Stable;
+        m.revoking.clear();
+        m.revoke_since_ms = None;
+        m.sent = None;
+        m.last_heartbeat_ms = now_ms;
+        self.members.insert(new_id.to_string(), m);
     }
 
     /// Removes a member: its partitions are freed and the group epoch is bumped.
@@ -864,12 +963,13 @@ mod tests {
         TopicPartition::new(t, p)
     }
 
-    /// Heartbeats every member with what it holds until nothing changes; no partition is
-    /// ever held by two members at once along the way.
+    /// Heartbeats every member with what it holds until nothing changes (static members away
+    /// at -2 stay silent); no partition is ever held by two members at once along the way.
     fn settle(g: &mut ConsumerGroup, now: i64) {
         for _ in 0..10 {
             let ids: Vec<(String, i32, BTreeSet<TopicPartition>)> = g
                 .members()
+                .filter(|m| m.epoch >= 0)
                 .map(|m| (m.id.clone(), m.epoch, m.assigned.clone()))
                 .collect();
             for (id, epoch, held) in ids {
@@ -1105,26 +1205,166 @@ mod tests {
         );
     }
 
+    fn static_join(id: &str, instance: &str) -> Heartbeat {
+        Heartbeat {
+            instance_id: Some(instance.into()),
+            ..join(id, &["orders"])
+        }
+    }
+
+    fn leave(id: &str, epoch: i32, instance: Option<&str>) -> Heartbeat {
+        Heartbeat {
+            member_id: id.into(),
+            member_epoch: epoch,
+            instance_id: instance.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    fn held(g: &ConsumerGroup, id: &str) -> BTreeSet<TopicPartition> {
+        g.members()
+            .find(|m| m.id == id)
+            .map(|m| m.assigned.clone())
+            .unwrap_or_default()
+    }
+
     #[test]
     fn static_instance_ids_are_held_by_one_live_member() {
         let mut g = ConsumerGroup::new("g", topics());
-        let mut a = join("a", &["orders"]);
-        a.instance_id = Some("i1".into());
-        g.heartbeat(a, 0).unwrap();
-        let mut b = join("b", &["orders"]);
-        b.instance_id = Some("i1".into());
+        g.heartbeat(static_join("a", "i1"), 0).unwrap();
         assert_eq!(
-            g.heartbeat(b.clone(), 1),
+            g.heartbeat(static_join("b", "i1"), 1),
             Err(ConsumerGroupError::UnreleasedInstanceId("i1".into()))
         );
-        let leave = Heartbeat {
-            member_id: "a".into(),
-            member_epoch: STATIC_LEAVE_EPOCH,
-            instance_id: Some("i1".into()),
-            ..Default::default()
-        };
-        g.heartbeat(leave, 2).unwrap();
-        assert_eq!(g.heartbeat(b, 3).unwrap().assignment.unwrap().len(), 4);
+        // A heartbeat or a leave naming an instance id nobody holds: unknown.
+        let mut unknown = beat("a", 1, &held(&g, "a"));
+        unknown.instance_id = Some("i9".into());
+        assert_eq!(
+            g.heartbeat(unknown, 2),
+            Err(ConsumerGroupError::UnknownMemberId("a".into()))
+        );
+        assert_eq!(
+            g.heartbeat(leave("a", STATIC_LEAVE_EPOCH, Some("i9")), 2),
+            Err(ConsumerGroupError::UnknownMemberId("a".into()))
+        );
+        // The holder's own join again (its reply was lost): it keeps its place and partitions.
+        let epoch = g.group_epoch();
+        let r = g.heartbeat(static_join("a", "i1"), 3).unwrap();
+        assert_eq!(r.assignment.unwrap().len(), 4);
+        assert_eq!(g.group_epoch(), epoch);
+        // A permanent leave (-1) with the instance id frees the instance id and the partitions.
+        g.heartbeat(leave("a", LEAVE_EPOCH, Some("i1")), 4).unwrap();
+        assert!(g.is_empty());
+        assert_eq!(
+            g.heartbeat(static_join("b", "i1"), 5)
+                .unwrap()
+                .assignment
+                .unwrap()
+                .len(),
+            4
+        );
+    }
+
+    #[test]
+    fn a_static_member_away_keeps_its_partitions_and_its_replacement_fences_the_old_one() {
+        let mut g = ConsumerGroup::new("g", topics());
+        g.heartbeat(static_join("a", "i1"), 0).unwrap();
+        g.heartbeat(join("b", &["orders"]), 1).unwrap();
+        settle(&mut g, 2);
+        let (a_parts, b_parts) = (held(&g, "a"), held(&g, "b"));
+        assert_eq!((a_parts.len(), b_parts.len()), (2, 2));
+        let (epoch, a_epoch) = (
+            g.group_epoch(),
+            g.members().find(|m| m.id == "a").unwrap().epoch,
+        );
+
+        // a restarts: its temporary leave keeps it, and its partitions, at epoch -2.
+        let r = g
+            .heartbeat(leave("a", STATIC_LEAVE_EPOCH, Some("i1")), 3)
+            .unwrap();
+        assert_eq!(r.member_epoch, STATIC_LEAVE_EPOCH);
+        assert_eq!(g.group_epoch(), epoch, "a temporary leave is no rebalance");
+        settle(&mut g, 4);
+        assert_eq!(
+            held(&g, "b"),
+            b_parts,
+            "b never gets a's partitions meanwhile"
+        );
+        assert_eq!(held(&g, "a"), a_parts);
+        // The old a, still running, cannot heartbeat or commit at its epoch any more.
+        assert_eq!(
+            g.heartbeat(beat("a", a_epoch, &a_parts), 5),
+            Err(ConsumerGroupError::FencedMemberEpoch {
+                got: a_epoch,
+                current: STATIC_LEAVE_EPOCH
+            })
+        );
+        assert!(g.check_commit("a", a_epoch, true, true).is_err());
+
+        // The new process joins with the instance id under a new member id: it takes a's
+        // partitions at the group's epoch, and nobody rebalances.
+        let r = g.heartbeat(static_join("a2", "i1"), 6).unwrap();
+        assert_eq!(r.member_epoch, epoch);
+        assert_eq!(r.assignment.unwrap(), a_parts);
+        assert_eq!(g.group_epoch(), epoch);
+        assert_eq!(g.state_name(), "Stable");
+        assert_eq!(held(&g, "b"), b_parts);
+        assert!(g.check_commit("a2", epoch, true, true).is_ok());
+
+        // The replaced member id is fenced by its instance id, and cannot make a2 leave.
+        let mut zombie = beat("a", a_epoch, &a_parts);
+        zombie.instance_id = Some("i1".into());
+        let before = format!("{:?}", g.members().collect::<Vec<_>>());
+        assert_eq!(
+            g.heartbeat(zombie, 7),
+            Err(ConsumerGroupError::FencedInstanceId("i1".into()))
+        );
+        for epoch in [LEAVE_EPOCH, STATIC_LEAVE_EPOCH] {
+            assert_eq!(
+                g.heartbeat(leave("a", epoch, Some("i1")), 7),
+                Err(ConsumerGroupError::FencedInstanceId("i1".into()))
+            );
+        }
+        assert_eq!(
+            g.heartbeat(beat("a", a_epoch, &a_parts), 7),
+            Err(ConsumerGroupError::UnknownMemberId("a".into()))
+        );
+        assert_eq!(
+            g.check_commit("a", a_epoch, true, true),
+            Err(ConsumerGroupError::UnknownMemberId("a".into()))
+        );
+        assert_eq!(before, format!("{:?}", g.members().collect::<Vec<_>>()));
+    }
+
+    #[test]
+    fn a_static_member_that_does_not_return_within_its_session_is_removed() {
+        let mut g = ConsumerGroup::new("g", topics()).with_timeouts(1_000, 100);
+        g.heartbeat(static_join("a", "i1"), 0).unwrap();
+        let mut a_parts = held(&g, "a");
+        assert_eq!(a_parts.len(), 4);
+        // c joins: a is told to revoke two partitions... and leaves for a while before it
+        // acknowledges: what it was revoking is freed at once, what it keeps stays its own.
+        g.heartbeat(join("c", &["orders"]), 1).unwrap();
+        let a_epoch = g.members().find(|m| m.id == "a").unwrap().epoch;
+        g.heartbeat(beat("a", a_epoch, &a_parts), 2).unwrap();
+        let revoking = g.members().find(|m| m.id == "a").unwrap().revoking.clone();
+        assert_eq!(revoking.len(), 2);
+        g.heartbeat(leave("a", STATIC_LEAVE_EPOCH, Some("i1")), 3)
+            .unwrap();
+        a_parts.retain(|tp| !revoking.contains(tp));
+        assert_eq!(held(&g, "a"), a_parts);
+        settle(&mut g, 4);
+        assert_eq!(
+            held(&g, "c"),
+            revoking,
+            "the revoked partitions moved, the rest did not"
+        );
+        // Past the session timeout (from its last heartbeat, at 2) a is removed and its
+        // partitions move too.
+        settle(&mut g, 1_003);
+        assert!(g.members().all(|m| m.id != "a"));
+        settle(&mut g, 1_004);
+        assert_eq!(held(&g, "c").len(), 4);
     }
 
     #[test]

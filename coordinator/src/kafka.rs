@@ -481,6 +481,7 @@ fn consumer_code(e: &ConsumerGroupError) -> i16 {
         ConsumerGroupError::StaleMemberEpoch { .. } => ResponseError::StaleMemberEpoch,
         ConsumerGroupError::UnsupportedAssignor(_) => ResponseError::UnsupportedAssignor,
         ConsumerGroupError::UnreleasedInstanceId(_) => ResponseError::UnreleasedInstanceId,
+        ConsumerGroupError::FencedInstanceId(_) => ResponseError::FencedInstanceId,
         ConsumerGroupError::UnsupportedVersion => ResponseError::UnsupportedVersion,
     }
     .code()

@@ -1,13 +1,19 @@
 //! KIP-848's consumer group core (`coordinator::consumer_protocol`) driven by four consumers
-//! that join (with any subscription and assignor), heartbeat with what they believe they own
-//! (acknowledging revocations, or not, or lying), heartbeat with stale or future epochs, leave,
-//! commit and go silent, in any order. After every step it checks what keeps a zombie consumer
-//! from reading or committing partitions it no longer owns (PROTOCOL.md section 5, KIP-848):
+//! that join (with any subscription and assignor, dynamic or static, under their member id or
+//! a new one), heartbeat with what they believe they own (acknowledging revocations, or not, or
+//! lying), heartbeat with stale or future epochs, leave (for good, or a static member for a
+//! while), commit and go silent, in any order; and by the identities they left behind (a
+//! replaced static member's old id still heartbeating and committing). After every step it
+//! checks what keeps a zombie consumer from reading or committing partitions it no longer owns
+//! (PROTOCOL.md section 5, KIP-848):
 //! - no partition is held (assigned or being revoked) by two members at once;
 //! - a consumer is only ever given partitions of topics that exist and that it subscribes to;
-//! - a member's epoch never exceeds the group epoch, and never goes down while it is a member;
+//! - a member's epoch never exceeds the group epoch, and never goes down while it is a member,
+//!   except to -2 (a static member away), where it holds nothing it did not hold before;
 //! - a commit is accepted only from a member at exactly its current epoch (or, naming no member,
 //!   while the group is empty);
+//! - an identity that is no longer a member (a replaced static member) gets every heartbeat and
+//!   commit refused;
 //! - a refused heartbeat changes nothing;
 //! - no panic, whatever the input.
 
@@ -17,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use arbitrary::Arbitrary;
 use cluster::TopicPartition;
-use coordinator::consumer_protocol::{ConsumerGroup, Heartbeat, ASSIGNORS};
+use coordinator::consumer_protocol::{ConsumerGroup, Heartbeat, ASSIGNORS, STATIC_LEAVE_EPOCH};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -27,6 +33,10 @@ enum Op {
         topics: u8,
         regex: bool,
         assignor: Option<u8>,
+        /// With `group.instance.id` = "i<consumer>".
+        r#static: bool,
+        /// Under a new member id (a new process) rather than its last one.
+        fresh: bool,
     },
     /// A heartbeat with the epoch the consumer believes it has.
     Beat {
@@ -47,7 +57,14 @@ enum Op {
     },
     Leave {
         consumer: u8,
-        r#static: bool,
+        /// A static member's temporary leave (-2) rather than -1.
+        temporary: bool,
+    },
+    /// An identity a consumer left behind (its member id before a fresh join) heartbeats and
+    /// commits as it last could.
+    Ghost {
+        which: u8,
+        full: bool,
     },
     Commit {
         consumer: u8,
@@ -65,6 +82,11 @@ const TOPICS: [(&str, i32); 3] = [("a", 3), ("b", 2), ("c", 1)];
 #[derive(Clone, Debug, Default)]
 struct Consumer {
     joined: bool,
+    /// Its member id (kept across leaves: a static member comes back under it or a new one).
+    id: String,
+    /// How many member ids it has had.
+    ids: u32,
+    r#static: bool,
     epoch: i32,
     owned: BTreeSet<TopicPartition>,
     told: BTreeSet<TopicPartition>,
@@ -84,7 +106,7 @@ fn subscription(bits: u8) -> Vec<String> {
     }
 }
 
-fn check_group(g: &ConsumerGroup, epochs: &BTreeMap<String, i32>) {
+fn check_group(g: &ConsumerGroup, epochs: &BTreeMap<String, (i32, BTreeSet<TopicPartition>)>) {
     let mut held = BTreeSet::new();
     for m in g.members() {
         for tp in m.assigned.iter().chain(&m.revoking) {
@@ -100,8 +122,17 @@ fn check_group(g: &ConsumerGroup, epochs: &BTreeMap<String, i32>) {
             assert!(subscribed, "{} got {tp} without subscribing", m.id);
         }
         assert!(m.epoch <= g.group_epoch(), "member epoch above the group's");
-        if let Some(before) = epochs.get(&m.id) {
-            assert!(m.epoch >= *before, "{}'s epoch went down", m.id);
+        if let Some((before, had)) = epochs.get(&m.id) {
+            if m.epoch == STATIC_LEAVE_EPOCH {
+                assert!(
+                    m.assigned.is_subset(had),
+                    "{} got partitions while away",
+                    m.id
+                );
+                assert!(m.revoking.is_empty(), "{} revokes while away", m.id);
+            } else {
+                assert!(m.epoch >= *before, "{}'s epoch went down", m.id);
+            }
         }
     }
 }
@@ -109,12 +140,22 @@ fn check_group(g: &ConsumerGroup, epochs: &BTreeMap<String, i32>) {
 fuzz_target!(|ops: Vec<Op>| {
     let topics = TOPICS.iter().map(|(t, n)| (t.to_string(), *n)).collect();
     let mut g = ConsumerGroup::new("g", topics).with_timeouts(1_000, 100);
-    let mut consumers = vec![Consumer::default(); 4];
+    let mut consumers: Vec<Consumer> = (0..4)
+        .map(|i| Consumer {
+            id: format!("m{i}"),
+            ..Default::default()
+        })
+        .collect();
+    // Identities left behind: (member id, instance id, epoch, owned) as last known.
+    let mut ghosts: Vec<(String, Option<String>, i32, BTreeSet<TopicPartition>)> = Vec::new();
     let mut now = 0i64;
     for op in ops.into_iter().take(256) {
         // Expiry first, so that the snapshot below is what a refused heartbeat must leave.
         g.tick(now);
-        let epochs: BTreeMap<String, i32> = g.members().map(|m| (m.id.clone(), m.epoch)).collect();
+        let epochs: BTreeMap<String, (i32, BTreeSet<TopicPartition>)> = g
+            .members()
+            .map(|m| (m.id.clone(), (m.epoch, m.assigned.clone())))
+            .collect();
         let before = format!("{:?}", g.members().collect::<Vec<_>>());
         let (refused, member) = match op {
             Op::Join {
@@ -122,11 +163,25 @@ fuzz_target!(|ops: Vec<Op>| {
                 topics,
                 regex,
                 assignor,
+                r#static,
+                fresh,
             } => {
                 let i = usize::from(consumer % 4);
+                let c = &mut consumers[i];
+                if fresh {
+                    ghosts.push((
+                        c.id.clone(),
+                        c.r#static.then(|| format!("i{i}")),
+                        c.epoch,
+                        c.owned.clone(),
+                    ));
+                    c.ids += 1;
+                    c.id = format!("m{i}-{}", c.ids);
+                }
                 let hb = Heartbeat {
-                    member_id: format!("m{i}"),
+                    member_id: c.id.clone(),
                     member_epoch: 0,
+                    instance_id: r#static.then(|| format!("i{i}")),
                     rebalance_timeout_ms: 500,
                     subscribed_topic_names: Some(subscription(topics)),
                     subscribed_topic_regex: regex.then(|| "[ab]".to_string()),
@@ -138,6 +193,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     Ok(reply) => {
                         let c = &mut consumers[i];
                         c.joined = true;
+                        c.r#static = r#static;
                         c.epoch = reply.member_epoch;
                         c.owned = reply.assignment.clone().unwrap_or_default();
                         c.told = c.owned.clone();
@@ -161,8 +217,9 @@ fuzz_target!(|ops: Vec<Op>| {
                     owned.insert(TopicPartition::new(t, i32::from(p) % n));
                 }
                 let hb = Heartbeat {
-                    member_id: format!("m{i}"),
+                    member_id: c.id.clone(),
                     member_epoch: c.epoch,
+                    instance_id: c.r#static.then(|| format!("i{i}")),
                     rebalance_timeout_ms: -1,
                     subscribed_topic_names: resubscribe.map(subscription),
                     owned: full.then_some(owned.clone()),
@@ -190,15 +247,16 @@ fuzz_target!(|ops: Vec<Op>| {
                 let i = usize::from(consumer % 4);
                 let epoch = consumers[i].epoch.saturating_add(i32::from(delta));
                 let hb = Heartbeat {
-                    member_id: format!("m{i}"),
+                    member_id: consumers[i].id.clone(),
                     member_epoch: epoch,
+                    instance_id: consumers[i].r#static.then(|| format!("i{i}")),
                     rebalance_timeout_ms: -1,
                     owned: Some(consumers[i].owned.clone()),
                     ..Default::default()
                 };
                 let current = g
                     .members()
-                    .find(|m| m.id == format!("m{i}"))
+                    .find(|m| m.id == consumers[i].id)
                     .map(|m| (m.epoch, m.previous_epoch));
                 let result = g.heartbeat(hb, now);
                 if let (Ok(_), Some((e, prev))) = (&result, current) {
@@ -209,19 +267,53 @@ fuzz_target!(|ops: Vec<Op>| {
                 }
                 (result.is_err(), i)
             }
-            Op::Leave { consumer, r#static } => {
+            Op::Leave {
+                consumer,
+                temporary,
+            } => {
                 let i = usize::from(consumer % 4);
+                let c = &consumers[i];
                 let hb = Heartbeat {
-                    member_id: format!("m{i}"),
-                    member_epoch: if r#static { -2 } else { -1 },
-                    instance_id: r#static.then(|| format!("i{i}")),
+                    member_id: c.id.clone(),
+                    member_epoch: if temporary { -2 } else { -1 },
+                    instance_id: c.r#static.then(|| format!("i{i}")),
                     ..Default::default()
                 };
                 let result = g.heartbeat(hb, now);
                 if result.is_ok() {
-                    consumers[i] = Consumer::default();
+                    consumers[i] = Consumer {
+                        id: c.id.clone(),
+                        ids: c.ids,
+                        r#static: c.r#static,
+                        ..Default::default()
+                    };
                 }
                 (result.is_err(), i)
+            }
+            Op::Ghost { which, full } => {
+                if ghosts.is_empty() {
+                    continue;
+                }
+                let (id, instance, epoch, owned) =
+                    ghosts[usize::from(which) % ghosts.len()].clone();
+                let member = g.members().any(|m| m.id == id);
+                let hb = Heartbeat {
+                    member_id: id.clone(),
+                    member_epoch: epoch.max(1),
+                    instance_id: instance,
+                    rebalance_timeout_ms: -1,
+                    owned: full.then_some(owned),
+                    ..Default::default()
+                };
+                let result = g.heartbeat(hb, now);
+                if !member {
+                    assert!(result.is_err(), "{id}, no longer a member, heartbeated");
+                    assert!(
+                        g.check_commit(&id, epoch.max(1), true, true).is_err(),
+                        "{id}, no longer a member, committed"
+                    );
+                }
+                (result.is_err(), 0)
             }
             Op::Commit {
                 consumer,
@@ -230,7 +322,7 @@ fuzz_target!(|ops: Vec<Op>| {
             } => {
                 let i = usize::from(consumer % 4);
                 let epoch = consumers[i].epoch.saturating_add(i32::from(delta));
-                let id = format!("m{i}");
+                let id = consumers[i].id.clone();
                 let accepted = g.check_commit(&id, epoch, transactional, true).is_ok();
                 let member = g.members().find(|m| m.id == id).map(|m| m.epoch);
                 if accepted {
@@ -258,9 +350,14 @@ fuzz_target!(|ops: Vec<Op>| {
             );
         }
         // Members removed meanwhile (expired) are new consumers from now on.
-        for (i, c) in consumers.iter_mut().enumerate() {
-            if c.joined && !g.members().any(|m| m.id == format!("m{i}")) {
-                *c = Consumer::default();
+        for c in consumers.iter_mut() {
+            if c.joined && !g.members().any(|m| m.id == c.id) {
+                *c = Consumer {
+                    id: c.id.clone(),
+                    ids: c.ids,
+                    r#static: c.r#static,
+                    ..Default::default()
+                };
             }
         }
         check_group(&g, &epochs);

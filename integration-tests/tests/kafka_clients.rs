@@ -2439,3 +2439,83 @@ async fn confluent_kafka_consumer_protocol_shares_and_hands_over_partitions() {
     );
     cluster.shutdown().await.unwrap();
 }
+
+/// KIP-848 static membership with librdkafka (`group.instance.id`), kip848_static_confluent.py:
+/// a static consumer that closes (a temporary leave, member epoch -2) keeps its partitions for
+/// its next process, which takes exactly them under a new member id while the other member is
+/// never revoked anything; and a static consumer paused past its session (a zombie) whose
+/// instance id a new process took has its commit refused when it wakes, and its leave (naming
+/// the instance id) takes nothing from the new process: the group's offsets stay as the new
+/// process committed them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_static_members_restart_without_rebalance_and_zombies_are_fenced() {
+    let Some(python) = python().await else { return };
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        group_consumer_heartbeat_interval: Duration::from_millis(200),
+        group_consumer_session_timeout: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .await;
+    let bootstrap = cluster.kafka_bootstrap().join(",");
+    let report = run_script(
+        &python,
+        "kip848_static_confluent.py",
+        &bootstrap,
+        &["kip848-static"],
+    )
+    .await;
+    // A restart without a rebalance.
+    let (a, b) = (&report["a"], &report["b"]);
+    assert_eq!(
+        a.as_array().unwrap().len() + b.as_array().unwrap().len(),
+        3,
+        "{report}"
+    );
+    assert_eq!(
+        report["away"]["a"], *a,
+        "A's partitions kept while away: {report}"
+    );
+    assert_eq!(report["away"]["b"], *b, "{report}");
+    assert_eq!(report["a2"], *a, "A2 took exactly A's partitions: {report}");
+    assert_eq!(report["b_after"], *b, "{report}");
+    assert_eq!(
+        report["b_revoked"], 0,
+        "B was never revoked anything: {report}"
+    );
+    assert_eq!(report["a2_errors"], serde_json::json!([]), "{report}");
+    // The zombie: its commit refused, its leave answered FENCED_INSTANCE_ID (as the Kafka
+    // face's counters show) and changed nothing for Z2.
+    let commit = report["zombie"]["commit"].as_str().unwrap();
+    assert!(commit.contains("UNKNOWN_MEMBER_ID"), "{report}");
+    assert_eq!(report["z2_revoked"], 0, "{report}");
+    let fenced_leaves = metric_sum(
+        &cluster,
+        "kafka_network_requestmetrics_errors_total",
+        &[
+            ("request", "ConsumerGroupHeartbeat"),
+            ("error", "FENCED_INSTANCE_ID"),
+        ],
+    );
+    let answered: Vec<String> = cluster
+        .coordinator_ids()
+        .into_iter()
+        .filter_map(|id| cluster.metrics(id))
+        .flat_map(|m| {
+            m.render()
+                .lines()
+                .filter(|l| l.contains("ConsumerGroupHeartbeat") && l.contains("errors_total"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        fenced_leaves >= 1.0,
+        "FENCED_INSTANCE_ID answered: {fenced_leaves} {answered:?}"
+    );
+    assert_eq!(report["z2"], serde_json::json!([0, 1, 2]), "{report}");
+    assert_eq!(
+        report["committed_after"], report["z2_committed"],
+        "{report}"
+    );
+    cluster.shutdown().await.unwrap();
+}

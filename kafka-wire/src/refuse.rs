@@ -484,6 +484,41 @@ mod tests {
         }
     }
 
+    /// The Kafka face's counters (`observe::error_codes`) see the refusal of every role API: an
+    /// API whose response codes are not read would answer uncounted. (APIs refused per item
+    /// are left out: a default request names no item, so their refusal carries no code.)
+    #[test]
+    fn every_role_api_refusal_is_counted() {
+        use kafka_protocol::messages::ApiKey::*;
+        let per_item = [
+            Fetch,
+            ListOffsets,
+            DescribeProducers,
+            DeleteRecords,
+            AddPartitionsToTxn,
+            TxnOffsetCommit,
+            OffsetFetch,
+            ListTransactions,
+            DescribeTransactions,
+            OffsetCommit,
+            ListGroups,
+        ];
+        let mut uncounted = Vec::new();
+        for api in LEADER_APIS.iter().chain(COORDINATOR_APIS) {
+            if per_item.contains(&api.key) {
+                continue;
+            }
+            let response = not_served_here(&request(api.key), api.max).expect("a refusal");
+            if !crate::observe::error_codes(&response)
+                .iter()
+                .any(|c| *c != 0)
+            {
+                uncounted.push(api.key);
+            }
+        }
+        assert!(uncounted.is_empty(), "refusals not counted: {uncounted:?}");
+    }
+
     #[test]
     fn produce_with_acks_0_gets_no_refusal_either() {
         let mut r = ProduceRequest::default();

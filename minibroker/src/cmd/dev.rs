@@ -30,6 +30,14 @@ pub struct DevArgs {
     /// Serve each node's Prometheus metrics on a loopback port (printed).
     #[arg(long)]
     metrics: bool,
+    /// KIP-848 groups: how often members heartbeat (Kafka's
+    /// `group.consumer.heartbeat.interval.ms`; default 5000).
+    #[arg(long, value_name = "MS")]
+    group_consumer_heartbeat_interval_ms: Option<u64>,
+    /// KIP-848 groups: how long a silent member (or a static member away) keeps its place
+    /// (Kafka's `group.consumer.session.timeout.ms`; default 45000).
+    #[arg(long, value_name = "MS")]
+    group_consumer_session_timeout_ms: Option<u64>,
 }
 
 /// Starts the cluster, prints where it is, runs until ctrl-c, shuts it down.
@@ -40,13 +48,25 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         write_topology,
         kafka_bootstrap_file,
         metrics,
+        group_consumer_heartbeat_interval_ms,
+        group_consumer_session_timeout_ms,
     } = args;
     let temporary = data_dir.is_none();
+    let defaults = EmbeddedOptions::default();
+    let ms = |value: Option<u64>, default| value.map_or(default, std::time::Duration::from_millis);
     let cluster = EmbeddedCluster::start_with(EmbeddedOptions {
         data_dir,
         base_port,
         metrics_endpoints: metrics,
-        ..EmbeddedOptions::default()
+        group_consumer_heartbeat_interval: ms(
+            group_consumer_heartbeat_interval_ms,
+            defaults.group_consumer_heartbeat_interval,
+        ),
+        group_consumer_session_timeout: ms(
+            group_consumer_session_timeout_ms,
+            defaults.group_consumer_session_timeout,
+        ),
+        ..defaults
     })
     .await?;
     let metrics_of = |id| {
