@@ -13,9 +13,10 @@ Part 2, a zombie static member (GROUP-zombie; the test's coordinator has a 5 s s
 2. Z is SIGSTOPped (a GC pause) past its session: the coordinator removes it.
 3. Z2, a new process for instance "z", joins and gets every partition, reads on and commits.
 4. Z is resumed and goes on where it was: its commit is refused (its member id is no longer in
-   the group), and its close, a leave naming instance "z", which Z2 holds now, is answered
-   FENCED_INSTANCE_ID: Z2 keeps every partition, is never revoked anything, and the group's
-   offsets stay Z2's.
+   the group; librdkafka may learn that from a heartbeat first and refuse it itself), and its
+   close, a leave naming instance "z", which Z2 holds now, is answered FENCED_INSTANCE_ID (or,
+   had it rejoined first, that rejoin UNRELEASED_INSTANCE_ID): Z2 keeps every partition, is
+   never revoked anything, and the group's offsets stay Z2's.
 
 usage: kip848_static_confluent.py BOOTSTRAP GROUP
        kip848_static_confluent.py BOOTSTRAP GROUP zombie   (the child process Z)"""

@@ -247,6 +247,39 @@ fn requests(producer: (i64, i16)) -> Vec<(ApiKey, RequestKind)> {
     r.include_documentation = true;
     out.push((ApiKey::DescribeConfigs, RequestKind::DescribeConfigs(r)));
 
+    // The controller's APIs: the cluster; creating a topic that exists, a new one, an invalid
+    // name, a repeated one; growing a topic; deleting by name and by id.
+    out.push((
+        ApiKey::DescribeCluster,
+        RequestKind::DescribeCluster(DescribeClusterRequest::default()),
+    ));
+    let mut r = CreateTopicsRequest::default();
+    r.topics = ["input", "fresh", "bad name", "twice", "twice"]
+        .into_iter()
+        .map(|name| {
+            let mut t = create_topics_request::CreatableTopic::default();
+            t.name = TopicName(s(name));
+            t.num_partitions = 3;
+            t.replication_factor = 1;
+            t
+        })
+        .collect();
+    out.push((ApiKey::CreateTopics, RequestKind::CreateTopics(r)));
+    let mut r = CreatePartitionsRequest::default();
+    let mut grow = create_partitions_request::CreatePartitionsTopic::default();
+    grow.name = TopicName(s("input"));
+    grow.count = 6;
+    r.topics = vec![grow];
+    out.push((ApiKey::CreatePartitions, RequestKind::CreatePartitions(r)));
+    let mut r = DeleteTopicsRequest::default();
+    r.topic_names = vec![TopicName(s("input"))];
+    out.push((ApiKey::DeleteTopics, RequestKind::DeleteTopics(r)));
+    let mut r = DeleteTopicsRequest::default();
+    let mut by_id = delete_topics_request::DeleteTopicState::default();
+    by_id.topic_id = uuid::Uuid::from_bytes(cluster::topic_id("input"));
+    r.topics = vec![by_id];
+    out.push((ApiKey::DeleteTopics, RequestKind::DeleteTopics(r)));
+
     // Deleting records of another topic than the one the fuzz checks: up to an offset, up to the
     // high watermark (-1), and past it.
     let mut r = DeleteRecordsRequest::default();

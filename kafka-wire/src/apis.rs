@@ -38,11 +38,18 @@ impl ApiRange {
 /// - Metadata 0-12: 10+ carry topic ids (derived from the names: topics are static).
 /// - FindCoordinator 0-4: 4 is the batched form (KIP-699).
 /// - DescribeConfigs 1-4 (`kafka-protocol` has no v0; Kafka 4 dropped it too).
+/// - DescribeCluster 0-1: every node is a broker and its own controller, as in Metadata.
+/// - CreateTopics 2-7, CreatePartitions 0-3, DeleteTopics 1-6: answered from the topology,
+///   which fixes the topics (`crate::topics`).
 pub const COMMON_APIS: &[ApiRange] = &[
     ApiRange::new(ApiKey::ApiVersions, 0, 3),
     ApiRange::new(ApiKey::Metadata, 0, 12),
     ApiRange::new(ApiKey::FindCoordinator, 0, 4),
     ApiRange::new(ApiKey::DescribeConfigs, 1, 4),
+    ApiRange::new(ApiKey::DescribeCluster, 0, 1),
+    ApiRange::new(ApiKey::CreateTopics, 2, 7),
+    ApiRange::new(ApiKey::CreatePartitions, 0, 3),
+    ApiRange::new(ApiKey::DeleteTopics, 1, 6),
 ];
 
 /// Served by the partition leaders (`partition_leader::kafka` says why these versions).
@@ -175,6 +182,6 @@ mod tests {
             let valid = api.key.valid_versions();
             assert!(api.min >= valid.min && api.max <= valid.max, "{api:?}");
         }
-        assert_eq!(table.apis().len(), 4 + 6 + 19 - 1);
+        assert_eq!(table.apis().len(), 8 + 6 + 19 - 1);
     }
 }

@@ -41,6 +41,7 @@ pub mod metadata;
 pub mod observe;
 pub mod refuse;
 pub mod server;
+pub mod topics;
 
 pub use apis::{ApiRange, ApiTable};
 pub use server::{serve, Handler, Request, ServerConfig};

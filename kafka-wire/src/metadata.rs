@@ -25,17 +25,50 @@
 
 use cluster::{Node, Topic, Topology};
 use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
 use kafka_protocol::messages::{
-    BrokerId, FindCoordinatorRequest, FindCoordinatorResponse, MetadataRequest, MetadataResponse,
-    TopicName,
+    BrokerId, DescribeClusterRequest, DescribeClusterResponse, FindCoordinatorRequest,
+    FindCoordinatorResponse, MetadataRequest, MetadataResponse, TopicName,
 };
 
 use crate::{host_port, str_bytes};
+
+/// DescribeCluster (0-1): the brokers Metadata lists, this node as the controller (every node
+/// answers the controller's APIs), no authorized operations (there are no ACLs). v1's
+/// `endpoint_type` 2 (the controllers' own endpoints, KIP-919) is UNSUPPORTED_ENDPOINT_TYPE, as a
+/// Kafka broker answers it: the controllers here are the brokers.
+pub fn describe_cluster(
+    topology: &Topology,
+    node_id: i32,
+    request: &DescribeClusterRequest,
+) -> DescribeClusterResponse {
+    let mut response = DescribeClusterResponse::default();
+    response.endpoint_type = request.endpoint_type;
+    response.cluster_authorized_operations = i32::MIN;
+    if request.endpoint_type != 1 {
+        response.error_code = ResponseError::UnsupportedEndpointType.code();
+        response.error_message = Some(str_bytes("only broker endpoints (type 1) are served"));
+        return response;
+    }
+    response.cluster_id = str_bytes(CLUSTER_ID);
+    response.controller_id = BrokerId(node_id);
+    response.brokers = all_nodes(topology)
+        .filter_map(|n| {
+            let (host, port) = host_port(n.kafka_address.as_deref()?)?;
+            let mut b = DescribeClusterBroker::default();
+            b.broker_id = BrokerId(n.id);
+            b.host = str_bytes(host);
+            b.port = port;
+            Some(b)
+        })
+        .collect();
+    response
+}
 
 /// The cluster id every node reports.
 pub const CLUSTER_ID: &str = "mini-broker";
@@ -303,6 +336,29 @@ mod tests {
             "#,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn describe_cluster_lists_the_brokers_with_this_node_as_controller() {
+        let t = topology();
+        let response = describe_cluster(&t, 101, &DescribeClusterRequest::default());
+        assert_eq!(response.error_code, 0);
+        assert_eq!(response.controller_id, BrokerId(101));
+        assert_eq!(response.cluster_id.as_str(), CLUSTER_ID);
+        let brokers: Vec<(i32, i32)> = response
+            .brokers
+            .iter()
+            .map(|b| (b.broker_id.0, b.port))
+            .collect();
+        assert_eq!(brokers, [(1, 9001), (101, 9101)]);
+        let mut controllers = DescribeClusterRequest::default();
+        controllers.endpoint_type = 2;
+        let response = describe_cluster(&t, 101, &controllers);
+        assert_eq!(
+            response.error_code,
+            ResponseError::UnsupportedEndpointType.code()
+        );
+        assert!(response.brokers.is_empty());
     }
 
     #[test]

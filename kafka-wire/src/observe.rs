@@ -147,6 +147,10 @@ pub fn error_codes(response: &ResponseKind) -> Vec<i16> {
         ResponseKind::DescribeConfigs(r) => codes.extend(r.results.iter().map(|r| r.error_code)),
         ResponseKind::DeleteGroups(r) => codes.extend(r.results.iter().map(|g| g.error_code)),
         ResponseKind::ConsumerGroupHeartbeat(r) => codes.push(r.error_code),
+        ResponseKind::DescribeCluster(r) => codes.push(r.error_code),
+        ResponseKind::CreateTopics(r) => codes.extend(r.topics.iter().map(|t| t.error_code)),
+        ResponseKind::CreatePartitions(r) => codes.extend(r.results.iter().map(|t| t.error_code)),
+        ResponseKind::DeleteTopics(r) => codes.extend(r.responses.iter().map(|t| t.error_code)),
         ResponseKind::ConsumerGroupDescribe(r) => {
             codes.extend(r.groups.iter().map(|g| g.error_code))
         }

@@ -274,6 +274,18 @@ async fn answer<H: Handler>(
                 version,
             ),
         )),
+        RequestKind::DescribeCluster(request) => Some(ResponseKind::DescribeCluster(
+            metadata::describe_cluster(&config.topology, config.node_id, &request),
+        )),
+        RequestKind::CreateTopics(request) => Some(ResponseKind::CreateTopics(
+            crate::topics::create_topics(&config.topology, &request),
+        )),
+        RequestKind::CreatePartitions(request) => Some(ResponseKind::CreatePartitions(
+            crate::topics::create_partitions(&config.topology, &request),
+        )),
+        RequestKind::DeleteTopics(request) => Some(ResponseKind::DeleteTopics(
+            crate::topics::delete_topics(&config.topology, &request, version),
+        )),
         body if !shared.served.supports(api_key, version) => {
             debug!(api = ?api_key, version, correlation_id, "kafka request for the other role");
             crate::refuse::not_served_here(&body, version)
