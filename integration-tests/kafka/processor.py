@@ -7,11 +7,16 @@ transaction so the test can kill it mid-run. Handles errors as an exactly-once a
 transaction and rewinds the consumer to the group's committed offsets, a fatal one ends it.
 
 With GROUP_PROTOCOL `consumer` the consumer uses KIP-848's protocol (the coordinator assigns;
-the member epoch fences its commits) instead of the classic one.
+the member epoch fences its commits) instead of the classic one. With GROUP_INSTANCE_ID in the
+environment it is a static member (`group.instance.id`): its close is a temporary leave, and the
+next process with that instance id takes its partitions without a rebalance. It prints
+"revoked N" after each revocation (N partitions revoked so far) and reports the total and the
+time of each revocation (before its own close).
 
 usage: processor.py BOOTSTRAP GROUP TRANSACTIONAL_ID [GROUP_PROTOCOL] STOP_FILE"""
 import os
 import sys
+import time
 
 from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
                              TopicPartition)
@@ -33,6 +38,8 @@ consumer = Consumer({
     **({"group.protocol": "consumer"} if protocol == "consumer" else
        {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}),
     **({"debug": os.environ["PROCESSOR_DEBUG"]} if os.environ.get("PROCESSOR_DEBUG") else {}),
+    **({"group.instance.id": os.environ["GROUP_INSTANCE_ID"]}
+       if os.environ.get("GROUP_INSTANCE_ID") else {}),
 })
 producer = Producer({
     "bootstrap.servers": servers,
@@ -40,7 +47,18 @@ producer = Producer({
     "linger.ms": 5,
 })
 producer.init_transactions(60)
-consumer.subscribe(["input"])
+revoked = 0
+revoked_at = []
+
+
+def on_revoke(_consumer, partitions):
+    global revoked
+    revoked += len(partitions)
+    revoked_at.append(time.time())
+    print("revoked %d" % revoked, flush=True)
+
+
+consumer.subscribe(["input"], on_revoke=on_revoke, on_lost=on_revoke)
 
 
 
@@ -107,5 +125,7 @@ while not os.path.exists(stop_file):
     transactions += 1
     print("committed %d" % committed, flush=True)
 
+revoked_before_close, revoked_at_before_close = revoked, list(revoked_at)
 consumer.close()
-report(committed=committed, transactions=transactions, aborted=aborted)
+report(committed=committed, transactions=transactions, aborted=aborted,
+       revoked=revoked_before_close, revoked_at=revoked_at_before_close)

@@ -1141,14 +1141,31 @@ async fn start_processor(
     protocol: GroupProtocol,
     stop: &Path,
 ) -> Processor {
+    start_static_processor(python, bootstrap, txn_id, protocol, None, stop).await
+}
+
+/// [`start_processor`], a static member with `instance` as its `group.instance.id` if given.
+async fn start_static_processor(
+    python: &Path,
+    bootstrap: &str,
+    txn_id: &'static str,
+    protocol: GroupProtocol,
+    instance: Option<&str>,
+    stop: &Path,
+) -> Processor {
     let protocol = match protocol {
         GroupProtocol::Classic => "classic",
         GroupProtocol::Consumer => "consumer",
     };
-    start_script(
+    let env: Vec<(&str, &str)> = instance
+        .map(|i| ("GROUP_INSTANCE_ID", i))
+        .into_iter()
+        .collect();
+    start_script_with(
         python,
         "processor.py",
         &[bootstrap, "ctp", txn_id, protocol],
+        &env,
         txn_id,
         stop,
     )
@@ -1172,10 +1189,23 @@ async fn start_script(
     name: &'static str,
     stop: &Path,
 ) -> Processor {
+    start_script_with(python, script, args, &[], name, stop).await
+}
+
+/// [`start_script`] with `env` added to its environment.
+async fn start_script_with(
+    python: &Path,
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    name: &'static str,
+    stop: &Path,
+) -> Processor {
     let dir = repo_root().join("integration-tests/kafka");
     let mut child = tokio::process::Command::new(python)
         .arg(dir.join(script))
         .args(args)
+        .envs(env.iter().copied())
         .arg(stop)
         .current_dir(&dir)
         .stdout(Stdio::piped())
@@ -1328,6 +1358,10 @@ enum CtpFault {
     /// owns them. Only the group's fence (generation, or KIP-848 member epoch, on its
     /// TxnOffsetCommit) stops its transaction from committing output that B also produces.
     PauseProcessor,
+    /// Both processors static members (`group.instance.id`): stop A cleanly (its close is a
+    /// temporary leave) and start its next process with the same instance id, a rolling
+    /// restart: A's partitions wait for it, nothing is revoked from B.
+    RollingRestartStatic,
 }
 
 /// Sends `signal` (e.g. "STOP", "CONT") to a child process.
@@ -1349,10 +1383,16 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
         GroupProtocol::Classic => cluster().await,
         // A killed member's partitions are free after its 6 s session, as with the classic
         // processors' session.timeout.ms.
+        // A static member away keeps its partitions for its session: long enough here for
+        // its next process to start.
         GroupProtocol::Consumer => {
+            let session = match fault {
+                CtpFault::RollingRestartStatic => Duration::from_secs(30),
+                _ => Duration::from_secs(6),
+            };
             cluster_with(minibroker::EmbeddedOptions {
                 group_consumer_heartbeat_interval: Duration::from_millis(500),
-                group_consumer_session_timeout: Duration::from_secs(6),
+                group_consumer_session_timeout: session,
                 ..Default::default()
             })
             .await
@@ -1362,9 +1402,35 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
     let feeder = Feeder::start(&cluster).await;
     let dir = tempfile_dir();
     let stop = dir.join("stop");
-    let mut a = start_processor(&python, &bootstrap, "processor-a", protocol, &stop).await;
-    let mut b = start_processor(&python, &bootstrap, "processor-b", protocol, &stop).await;
+    let stop_a = dir.join("stop-a");
+    let rolling = matches!(fault, CtpFault::RollingRestartStatic);
+    let (instance_a, instance_b) = if rolling {
+        (Some("a"), Some("b"))
+    } else {
+        (None, None)
+    };
+    let a_stop = if rolling { &stop_a } else { &stop };
+    let mut a = start_static_processor(
+        &python,
+        &bootstrap,
+        "processor-a",
+        protocol,
+        instance_a,
+        a_stop,
+    )
+    .await;
+    let mut b = start_static_processor(
+        &python,
+        &bootstrap,
+        "processor-b",
+        protocol,
+        instance_b,
+        &stop,
+    )
+    .await;
     a.committed_at_least(100).await;
+    // When A was told to stop (seconds since the epoch), for RollingRestartStatic.
+    let mut a_stopped_at: Option<f64> = None;
     let processors = match fault {
         CtpFault::KillProcessor => {
             // The input is still flowing, so the replacement has work once the group gives it
@@ -1405,6 +1471,32 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
             b.committed_at_least(after_b).await;
             vec![a, b]
         }
+        CtpFault::RollingRestartStatic => {
+            // Both hold partitions and commit; from A's stop on, B must lose nothing.
+            b.committed_at_least(1).await;
+            a_stopped_at = Some(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs_f64(),
+            );
+            std::fs::write(&stop_a, b"stop").unwrap();
+            let a_report = a.finish().await;
+            eprintln!("processor-a stopped: {a_report}");
+            let mut a2 = start_static_processor(
+                &python,
+                &bootstrap,
+                "processor-a",
+                protocol,
+                instance_a,
+                &stop,
+            )
+            .await;
+            a2.committed_at_least(1).await;
+            let after_b = b.committed + 1;
+            b.committed_at_least(after_b).await;
+            vec![b, a2]
+        }
         CtpFault::RestartOutputLeader => {
             b.committed_at_least(1).await;
             let node = cluster.topology().leader_for("output", 0).unwrap().id;
@@ -1439,6 +1531,21 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
     for p in processors {
         reports.push(p.finish().await);
     }
+    if let Some(a_stopped) = a_stopped_at {
+        // processors = [b, a2]: B lost nothing from A's stop on.
+        let late: Vec<f64> = reports[0]["revoked_at"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_f64)
+            .filter(|t| *t >= a_stopped)
+            .collect();
+        assert!(
+            late.is_empty(),
+            "B was revoked partitions during A's rolling restart at {late:?} (A stopped at \
+             {a_stopped}): {reports:?}"
+        );
+    }
 
     assert_output_exactly_once(&cluster, &expected, &format!("{reports:?}")).await;
     // The group's committed offsets are the end of the input.
@@ -1462,6 +1569,16 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
 async fn confluent_kafka_consume_transform_produce_with_a_kip848_group_survives_a_killed_processor()
 {
     consume_transform_produce_through(CtpFault::KillProcessor, GroupProtocol::Consumer).await;
+}
+
+/// A rolling restart of static KIP-848 processors (`group.instance.id`): A stops cleanly (a
+/// temporary leave, member epoch -2), its next process takes A's partitions under a new member
+/// id, B is never revoked anything, and the output is exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confluent_kafka_consume_transform_produce_with_static_kip848_members_restarts_without_rebalance(
+) {
+    consume_transform_produce_through(CtpFault::RollingRestartStatic, GroupProtocol::Consumer)
+        .await;
 }
 
 /// A paused KIP-848 processor (a zombie: its partitions moved to the other while it slept)
