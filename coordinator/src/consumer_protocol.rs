@@ -48,9 +48,13 @@
 //!   make the new holder leave; an instance id nobody holds is UNKNOWN_MEMBER_ID.
 //! - A member at -2 that does not come back within the session timeout is removed like any
 //!   silent member, and its partitions move.
-//! - Membership is not persisted (as for classic groups, [`crate::consumer_groups`]): after a
-//!   coordinator restart every member is unknown (UNKNOWN_MEMBER_ID) and rejoins; its commits
-//!   are refused until it has, so the fencing holds across restarts.
+//! - Membership is stored, as Kafka stores it: the shell writes [`ConsumerGroup::state`]
+//!   durably before it answers a heartbeat that changed it, and a restarted coordinator
+//!   [`ConsumerGroup::restore`]s the group, whose members go on at their epochs (sessions start
+//!   over at the restore); the fence holds across the restart. Expiries found outside a
+//!   heartbeat (the periodic sweep, a describe) are stored with the group's next change: a
+//!   restart before it brings such a member back for one more session, holding only what it
+//!   held (nobody else was given its partitions, which takes a stored change).
 //! - No rack awareness; no group size limit.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -151,7 +155,7 @@ pub struct HeartbeatReply {
 }
 
 /// Where a member is in its reconciliation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum MemberState {
     /// At the target assignment's epoch, holding all of its target.
     Stable,
@@ -233,7 +237,149 @@ pub struct ConsumerGroup {
     incarnation: String,
 }
 
+/// What is stored of a group so that a restarted coordinator goes on with it (Kafka keeps the
+/// same in `__consumer_offsets`): the epochs, the target assignment, and each member with its
+/// subscription, epochs and partitions. Not stored: timers (a restored member's session and
+/// rebalance timeout start over at the restore), what the configuration gives (timeouts) and
+/// what the topology gives (the topics).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupState {
+    /// The group epoch.
+    pub group_epoch: i32,
+    /// The target assignment's epoch.
+    pub target_epoch: i32,
+    /// The assignor of the target assignment.
+    pub assignor: String,
+    /// The target assignment, by member id.
+    pub target: BTreeMap<String, BTreeSet<TopicPartition>>,
+    /// The members.
+    pub members: Vec<MemberRecord>,
+}
+
+/// One member, as [`GroupState`] stores it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemberRecord {
+    /// Its id.
+    pub id: String,
+    /// Its `group.instance.id`.
+    pub instance_id: Option<String>,
+    /// Its epoch (-2: a static member away).
+    pub epoch: i32,
+    /// Its previous epoch.
+    pub previous_epoch: i32,
+    /// Its reconciliation state.
+    pub state: MemberState,
+    /// The topics it subscribes to by name.
+    pub topics: BTreeSet<String>,
+    /// Its subscription regular expression.
+    pub regex: Option<String>,
+    /// Its server assignor choice.
+    pub assignor: Option<String>,
+    /// Its rebalance timeout.
+    pub rebalance_timeout_ms: i64,
+    /// Its client id.
+    pub client_id: String,
+    /// Its address.
+    pub client_host: String,
+    /// The partitions it holds.
+    pub assigned: BTreeSet<TopicPartition>,
+    /// The partitions it was told to revoke.
+    pub revoking: BTreeSet<TopicPartition>,
+}
+
 impl ConsumerGroup {
+    /// What a restarted coordinator needs of this group ([`GroupState`]).
+    pub fn state(&self) -> GroupState {
+        GroupState {
+            group_epoch: self.group_epoch,
+            target_epoch: self.target_epoch,
+            assignor: self.assignor.to_string(),
+            target: self.target.clone(),
+            members: self
+                .members
+                .values()
+                .map(|m| MemberRecord {
+                    id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    epoch: m.epoch,
+                    previous_epoch: m.previous_epoch,
+                    state: m.state,
+                    topics: m.topics.clone(),
+                    regex: m.regex.clone(),
+                    assignor: m.assignor.clone(),
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    assigned: m.assigned.clone(),
+                    revoking: m.revoking.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The group `group_id` over `topics` as `state` left it, at `now_ms`: every member's
+    /// session (and a revoking member's rebalance timeout) starts over now, and every member
+    /// is sent its assignment again on its next heartbeat. A partition that two stored members
+    /// claim stays with the first (a store this coordinator wrote never has one).
+    pub fn restore(
+        group_id: &str,
+        topics: BTreeMap<String, i32>,
+        state: GroupState,
+        now_ms: i64,
+    ) -> Self {
+        let mut group = Self::new(group_id, topics);
+        group.group_epoch = state.group_epoch;
+        group.target_epoch = state.target_epoch;
+        group.assignor = ASSIGNORS
+            .into_iter()
+            .find(|a| *a == state.assignor)
+            .unwrap_or(ASSIGNORS[0]);
+        group.target = state.target;
+        for r in state.members {
+            let mut held = |partitions: BTreeSet<TopicPartition>| -> BTreeSet<TopicPartition> {
+                partitions
+                    .into_iter()
+                    .filter(|tp| match group.owners.entry(tp.clone()) {
+                        std::collections::btree_map::Entry::Occupied(_) => false,
+                        std::collections::btree_map::Entry::Vacant(v) => {
+                            v.insert(r.id.clone());
+                            true
+                        }
+                    })
+                    .collect()
+            };
+            let assigned = held(r.assigned);
+            let revoking = held(r.revoking);
+            let matcher = r
+                .regex
+                .as_deref()
+                .and_then(|re| regex::Regex::new(&format!("^(?:{re})$")).ok());
+            group.members.insert(
+                r.id.clone(),
+                Member {
+                    id: r.id,
+                    instance_id: r.instance_id,
+                    epoch: r.epoch,
+                    previous_epoch: r.previous_epoch,
+                    state: r.state,
+                    topics: r.topics,
+                    regex: r.regex,
+                    matcher,
+                    assignor: r.assignor,
+                    rebalance_timeout_ms: r.rebalance_timeout_ms,
+                    client_id: r.client_id,
+                    client_host: r.client_host,
+                    revoke_since_ms: (!revoking.is_empty()).then_some(now_ms),
+                    assigned,
+                    revoking,
+                    sent: None,
+                    last_heartbeat_ms: now_ms,
+                },
+            );
+        }
+        group
+    }
+
     /// An empty group over `topics` (name -> partition count).
     pub fn new(group_id: &str, topics: BTreeMap<String, i32>) -> Self {
         Self {
@@ -1365,6 +1511,72 @@ mod tests {
         assert!(g.members().all(|m| m.id != "a"));
         settle(&mut g, 1_004);
         assert_eq!(held(&g, "c").len(), 4);
+    }
+
+    #[test]
+    fn a_restored_group_goes_on_where_it_was_and_still_fences() {
+        let mut g = ConsumerGroup::new("g", topics());
+        g.heartbeat(static_join("a", "i1"), 0).unwrap();
+        g.heartbeat(join("b", &["orders", "audit"]), 1).unwrap();
+        settle(&mut g, 2);
+        // c joins and a is told to revoke, mid-rebalance: the state is stored as it is.
+        g.heartbeat(join("c", &["orders"]), 3).unwrap();
+        let a_epoch = g.members().find(|m| m.id == "a").unwrap().epoch;
+        g.heartbeat(beat("a", a_epoch, &held(&g, "a")), 3).unwrap();
+        let state = g.state();
+        let bytes = serde_json::to_vec(&state).unwrap();
+        let stored: GroupState = serde_json::from_slice(&bytes).unwrap();
+        let mut r = ConsumerGroup::restore("g", topics(), stored, 100);
+        assert_eq!(r.state(), state, "restored as stored");
+        assert_eq!(r.group_epoch(), g.group_epoch());
+        // Every member goes on at its epoch; the rebalance completes without double ownership.
+        settle(&mut r, 101);
+        assert_no_double_ownership(&r);
+        assert_eq!(r.state_name(), "Stable");
+        let all: usize = r.members().map(|m| m.assigned.len()).sum();
+        assert_eq!(all, 6);
+        // A zombie at an older epoch is still fenced; an unknown member is still unknown.
+        let b_epoch = r.members().find(|m| m.id == "b").unwrap().epoch;
+        assert!(matches!(
+            r.heartbeat(beat("b", b_epoch + 1, &BTreeSet::new()), 102),
+            Err(ConsumerGroupError::FencedMemberEpoch { .. })
+        ));
+        assert!(r.check_commit("b", b_epoch, true, true).is_ok());
+        assert_eq!(
+            r.check_commit("zz", b_epoch, true, true),
+            Err(ConsumerGroupError::UnknownMemberId("zz".into()))
+        );
+        // Sessions start over at the restore: silent members expire a session after it.
+        r.tick(100 + DEFAULT_SESSION_TIMEOUT_MS + 102);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_restore_never_gives_a_partition_to_two_members() {
+        let mut state = GroupState::default();
+        let record = |id: &str| MemberRecord {
+            id: id.into(),
+            instance_id: None,
+            epoch: 1,
+            previous_epoch: 0,
+            state: MemberState::Stable,
+            topics: ["orders".to_string()].into(),
+            regex: Some("(".into()),
+            assignor: None,
+            rebalance_timeout_ms: 1,
+            client_id: String::new(),
+            client_host: String::new(),
+            assigned: [tp("orders", 0)].into(),
+            revoking: [tp("orders", 0), tp("orders", 1)].into(),
+        };
+        state.members = vec![record("a"), record("b")];
+        let r = ConsumerGroup::restore("g", topics(), state, 0);
+        assert_no_double_ownership(&r);
+        let held: usize = r
+            .members()
+            .map(|m| m.assigned.len() + m.revoking.len())
+            .sum();
+        assert_eq!(held, 2);
     }
 
     #[test]

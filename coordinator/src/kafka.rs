@@ -122,7 +122,7 @@ use kafka_protocol::messages::{
 };
 
 use crate::consumer_groups::{CommitKind, GroupError, GroupMembership, JoinRequest};
-use crate::consumer_protocol::{ConsumerGroup, ConsumerGroupError, Heartbeat};
+use crate::consumer_protocol::{ConsumerGroup, ConsumerGroupError, GroupState, Heartbeat};
 use crate::core::TransactionVersion;
 use crate::error_code;
 use crate::group_admin::{self, AdminError, Membership};
@@ -272,6 +272,61 @@ impl KafkaCoordinator {
             groups.remove(group_id);
         }
         Some(answer)
+    }
+
+    /// Restores every stored KIP-848 group this coordinator serves and does not hold yet (at
+    /// start, once the transaction state is loaded), so that describes, commits and
+    /// protocol checks see the groups before their members' next heartbeats.
+    pub(crate) async fn restore_consumer_groups(&self) {
+        let topics: std::collections::BTreeMap<String, i32> = self
+            .service
+            .topology()
+            .topics
+            .iter()
+            .map(|t| (t.name.clone(), t.leaders.len() as i32))
+            .collect();
+        let restored = self
+            .service
+            .restore_consumer_groups(|group_id, bytes| {
+                let mut groups = self.consumer_groups();
+                if groups.contains_key(group_id) {
+                    return;
+                }
+                if let Some(group) = self.restored_group(group_id, topics.clone(), &bytes) {
+                    groups.insert(group_id.to_string(), group);
+                }
+            })
+            .await;
+        match restored {
+            Ok(n) => tracing::info!(groups = n, "KIP-848 consumer groups restored"),
+            Err(e) => tracing::warn!("KIP-848 consumer groups not restored: {e}"),
+        }
+    }
+
+    /// A KIP-848 group from its stored state (`None`, logged, if the state cannot be read),
+    /// with this coordinator's timeouts and a new life for the member ids it hands out.
+    fn restored_group(
+        &self,
+        group_id: &str,
+        topics: std::collections::BTreeMap<String, i32>,
+        bytes: &[u8],
+    ) -> Option<ConsumerGroup> {
+        let state = serde_json::from_slice::<GroupState>(bytes)
+            .map_err(|e| {
+                tracing::error!(group = %group_id, "stored consumer group state unreadable, ignored: {e}");
+            })
+            .ok()?;
+        let now = cluster::node::now_ms();
+        Some(self.with_settings(ConsumerGroup::restore(group_id, topics, state, now)))
+    }
+
+    /// `group` with this coordinator's KIP-848 timeouts and a new life for its member ids.
+    fn with_settings(&self, group: ConsumerGroup) -> ConsumerGroup {
+        let (interval, session) = self.service.group_consumer_timeouts_ms();
+        let life = self.lives.fetch_add(1, Ordering::Relaxed) + 1;
+        group
+            .with_timeouts(session, interval)
+            .with_incarnation(&format!("{}.{life}", self.service.incarnation()))
     }
 
     /// Drops idle groups every [`IDLE_GROUP_SWEEP`] until the coordinator stops (a group
@@ -626,7 +681,7 @@ impl Handler for KafkaCoordinator {
             RequestKind::ConsumerGroupHeartbeat(r) => {
                 let client = Client::of(&request.header, request.peer);
                 ResponseKind::ConsumerGroupHeartbeat(
-                    self.consumer_group_heartbeat(r, version, client),
+                    self.consumer_group_heartbeat(r, version, client).await,
                 )
             }
             RequestKind::ConsumerGroupDescribe(r) => {
@@ -758,12 +813,17 @@ impl KafkaCoordinator {
     }
 
     /// ConsumerGroupHeartbeat (KIP-848) v0-1: decided by [`ConsumerGroup::heartbeat`] under
-    /// the groups' lock (no I/O: membership is not persisted). Topic ids are translated to and
+    /// the groups' lock, and a heartbeat that changed the group ([`ConsumerGroup::state`]) is
+    /// answered once the group's new state is durable, so a restarted coordinator goes on with
+    /// the group as its members last heard of it: a group this face does not hold is restored
+    /// from storage first (a stored state it cannot read is logged and treated as none: the
+    /// members then rejoin). Changes of one group are stored in the order they were made (the
+    /// service's per-group write lock). Topic ids are translated to and
     /// from names with the topology's ids; an owned partition of an unknown topic id is left
     /// out. A group id held by a classic group with members is GROUP_ID_NOT_FOUND, as Kafka
     /// answers for a group of the other protocol. From v1 the client makes its member id
     /// (KIP-1082): an empty one is INVALID_REQUEST.
-    fn consumer_group_heartbeat(
+    async fn consumer_group_heartbeat(
         &self,
         r: ConsumerGroupHeartbeatRequest,
         version: i16,
@@ -826,32 +886,57 @@ impl KafkaCoordinator {
             client_host: client.host,
         };
         let joining = heartbeat.member_epoch == crate::consumer_protocol::JOIN_EPOCH;
-        let result = {
-            let mut groups = self.consumer_groups();
-            if !groups.contains_key(&group_id) {
-                if !joining {
-                    drop(groups);
-                    let e = ConsumerGroupError::UnknownMemberId(heartbeat.member_id);
-                    return refuse(response, consumer_code(&e), e.to_string());
-                }
-                let topics = topology
-                    .topics
-                    .iter()
-                    .map(|t| (t.name.clone(), t.leaders.len() as i32))
-                    .collect();
-                let (interval, session) = self.service.group_consumer_timeouts_ms();
-                let life = self.lives.fetch_add(1, Ordering::Relaxed) + 1;
-                let group = ConsumerGroup::new(&group_id, topics)
-                    .with_timeouts(session, interval)
-                    .with_incarnation(&format!("{}.{life}", self.service.incarnation()));
-                groups.insert(group_id.clone(), group);
+        let topics: std::collections::BTreeMap<String, i32> = topology
+            .topics
+            .iter()
+            .map(|t| (t.name.clone(), t.leaders.len() as i32))
+            .collect();
+        let changed = self
+            .service
+            .consumer_group_change(
+                group_id.clone(),
+                || !self.consumer_groups().contains_key(&group_id),
+                |stored| {
+                    let now = cluster::node::now_ms();
+                    let mut groups = self.consumer_groups();
+                    if !groups.contains_key(&group_id) {
+                        let restored = stored.and_then(|bytes| {
+                            self.restored_group(&group_id, topics.clone(), &bytes)
+                        });
+                        let group = match restored {
+                            Some(group) => group,
+                            None if joining => {
+                                self.with_settings(ConsumerGroup::new(&group_id, topics))
+                            }
+                            None => {
+                                let e = ConsumerGroupError::UnknownMemberId(heartbeat.member_id);
+                                return (None, Err(e));
+                            }
+                        };
+                        groups.insert(group_id.clone(), group);
+                    }
+                    let group = groups.get_mut(&group_id).expect("inserted");
+                    let before = group.state();
+                    let result = group.heartbeat(heartbeat, now);
+                    let after = (!group.is_empty()).then(|| group.state());
+                    if group.is_empty() {
+                        groups.remove(&group_id);
+                    }
+                    let write = (after.as_ref() != Some(&before)).then(|| {
+                        after.map(|state| {
+                            serde_json::to_vec(&state).expect("a group state serializes")
+                        })
+                    });
+                    (write, result)
+                },
+            )
+            .await;
+        let result = match changed {
+            Ok(result) => result,
+            Err(e) => {
+                tracing::warn!(group = %group_id, "ConsumerGroupHeartbeat not stored: {e}");
+                return refuse(response, kafka_error(&e), e.to_string());
             }
-            let group = groups.get_mut(&group_id).expect("inserted");
-            let result = group.heartbeat(heartbeat, cluster::node::now_ms());
-            if group.is_empty() {
-                groups.remove(&group_id);
-            }
-            result
         };
         match result {
             Err(e) => {

@@ -75,6 +75,9 @@ pub const GROUP_MARKER_TREE: &str = "__group_marker_state";
 pub const PENDING_OFFSETS_TREE: &str = "__pending_txn_offsets";
 /// Name of the sled tree holding the epoch changes of each transactional id.
 pub const TXN_HISTORY_TREE: &str = "__transaction_history";
+/// Name of the sled tree holding the KIP-848 consumer groups' state
+/// ([`crate::consumer_protocol::GroupState`], as JSON), by group id.
+pub const CONSUMER_GROUP_TREE: &str = "__consumer_group_state";
 /// Name of the sled tree holding the generation and the PID block.
 pub const META_TREE: &str = "__coordinator_meta";
 const GENERATION_KEY: &[u8] = b"generation";
@@ -211,6 +214,13 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<(), StorageError>;
     /// Every group with committed offsets, each once (in no particular order).
     fn offset_groups(&self) -> Result<Vec<String>, StorageError>;
+    /// Stores a KIP-848 group's state (`None`: removes it, the group is empty); durable when
+    /// this returns.
+    fn put_consumer_group(&self, group: &str, state: Option<&[u8]>) -> Result<(), StorageError>;
+    /// A KIP-848 group's stored state.
+    fn consumer_group(&self, group: &str) -> Result<Option<Vec<u8>>, StorageError>;
+    /// Every stored KIP-848 group's state, by group id.
+    fn consumer_groups(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError>;
     /// Flushes everything (at shutdown).
     fn flush(&self) -> Result<(), StorageError>;
 }
@@ -225,6 +235,7 @@ pub struct SledStorage {
     markers: sled::Tree,
     pending: sled::Tree,
     meta: sled::Tree,
+    consumer_groups: sled::Tree,
     /// Per id, the newest history record known to be stored (filled by [`Storage::load`],
     /// kept by the writes): a write that changed no epoch then skips the record without
     /// reading sled. An id missing here has its newest record written again (same bytes).
@@ -244,6 +255,7 @@ impl SledStorage {
             markers: db.open_tree(GROUP_MARKER_TREE)?,
             pending: db.open_tree(PENDING_OFFSETS_TREE)?,
             meta: db.open_tree(META_TREE)?,
+            consumer_groups: db.open_tree(CONSUMER_GROUP_TREE)?,
             stored_history: Arc::default(),
             db,
         })
@@ -822,6 +834,31 @@ impl Storage for SledStorage {
         Ok(groups)
     }
 
+    fn put_consumer_group(&self, group: &str, state: Option<&[u8]>) -> Result<(), StorageError> {
+        match state {
+            Some(state) => self.consumer_groups.insert(group.as_bytes(), state)?,
+            None => self.consumer_groups.remove(group.as_bytes())?,
+        };
+        self.durable()
+    }
+
+    fn consumer_group(&self, group: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self
+            .consumer_groups
+            .get(group.as_bytes())?
+            .map(|v| v.to_vec()))
+    }
+
+    fn consumer_groups(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        self.consumer_groups
+            .iter()
+            .map(|entry| {
+                let (key, value) = entry?;
+                Ok((String::from_utf8_lossy(&key).into_owned(), value.to_vec()))
+            })
+            .collect()
+    }
+
     fn flush(&self) -> Result<(), StorageError> {
         self.durable()
     }
@@ -843,6 +880,8 @@ struct MemoryState {
     pid_block_end: i64,
     /// (group, PID, partition, epoch) -> recorded ms.
     pending: BTreeMap<(String, ProducerId, TopicPartition, ProducerEpoch), i64>,
+    /// KIP-848 groups' state.
+    consumer_groups: BTreeMap<String, Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -1023,6 +1062,27 @@ impl Storage for MemoryStorage {
         }))
     }
 
+    fn put_consumer_group(&self, group: &str, state: Option<&[u8]>) -> Result<(), StorageError> {
+        self.with(|s| match state {
+            Some(state) => s.consumer_groups.insert(group.to_string(), state.to_vec()),
+            None => s.consumer_groups.remove(group),
+        });
+        Ok(())
+    }
+
+    fn consumer_group(&self, group: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.with(|s| s.consumer_groups.get(group).cloned()))
+    }
+
+    fn consumer_groups(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        Ok(self.with(|s| {
+            s.consumer_groups
+                .iter()
+                .map(|(g, v)| (g.clone(), v.clone()))
+                .collect()
+        }))
+    }
+
     fn flush(&self) -> Result<(), StorageError> {
         Ok(())
     }
@@ -1143,6 +1203,37 @@ mod tests {
 
     /// Groups are listed once each, in order, whatever their names (one a prefix of another,
     /// bytes at their maximum).
+    /// KIP-848 group state: stored, replaced, removed, and kept across a reopen.
+    fn consumer_group_state(store: &dyn Storage) {
+        assert_eq!(store.consumer_group("g").unwrap(), None);
+        store.put_consumer_group("g", Some(b"one")).unwrap();
+        store.put_consumer_group("h", Some(b"other")).unwrap();
+        store.put_consumer_group("g", Some(b"two")).unwrap();
+        assert_eq!(
+            store.consumer_group("g").unwrap().as_deref(),
+            Some(&b"two"[..])
+        );
+        store.put_consumer_group("h", None).unwrap();
+        assert_eq!(store.consumer_group("h").unwrap(), None);
+        assert_eq!(
+            store.consumer_groups().unwrap(),
+            vec![("g".to_string(), b"two".to_vec())]
+        );
+    }
+
+    #[test]
+    fn consumer_group_state_both_engines_and_across_a_reopen() {
+        consumer_group_state(&MemoryStorage::new());
+        let dir = tempfile::tempdir().unwrap();
+        consumer_group_state(&SledStorage::open(dir.path()).unwrap());
+        let reopened = SledStorage::open(dir.path()).unwrap();
+        assert_eq!(
+            reopened.consumer_group("g").unwrap().as_deref(),
+            Some(&b"two"[..])
+        );
+        assert_eq!(reopened.consumer_group("h").unwrap(), None);
+    }
+
     #[test]
     fn offset_groups_lists_each_group_once() {
         let tp = |t: &str, p| TopicPartition::new(t, p);

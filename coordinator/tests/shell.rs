@@ -168,6 +168,16 @@ impl Storage for TestStorage {
     fn offset_groups(&self) -> Result<Vec<String>, StorageError> {
         self.inner.offset_groups()
     }
+    fn put_consumer_group(&self, group: &str, state: Option<&[u8]>) -> Result<(), StorageError> {
+        self.check()?;
+        self.inner.put_consumer_group(group, state)
+    }
+    fn consumer_group(&self, group: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        self.inner.consumer_group(group)
+    }
+    fn consumer_groups(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        self.inner.consumer_groups()
+    }
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
         let offsets = self.inner.group_offsets(group);
         let mut held = self.hold_offset_reads.lock().unwrap();

@@ -8,12 +8,16 @@
 //! (PROTOCOL.md section 5, KIP-848):
 //! - no partition is held (assigned or being revoked) by two members at once;
 //! - a consumer is only ever given partitions of topics that exist and that it subscribes to;
-//! - a member's epoch never exceeds the group epoch, and never goes down while it is a member,
-//!   except to -2 (a static member away), where it holds nothing it did not hold before;
+//! - a member's epoch never exceeds the group epoch; a member id's assigned epochs (above 0)
+//!   never go down, even across its incarnations (a rejoin, a static replacement under an id
+//!   in use), so an epoch a zombie holds is never current again; 0 (joined, not assigned yet)
+//!   and -2 (a static member away, holding nothing it did not hold before) are the exceptions;
 //! - a commit is accepted only from a member at exactly its current epoch (or, naming no member,
 //!   while the group is empty);
 //! - an identity that is no longer a member (a replaced static member) gets every heartbeat and
 //!   commit refused;
+//! - a coordinator restart (the group stored as JSON and restored, as the shell does) restores
+//!   exactly what was stored, and everything above keeps holding after it;
 //! - a refused heartbeat changes nothing;
 //! - no panic, whatever the input.
 
@@ -23,7 +27,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use arbitrary::Arbitrary;
 use cluster::TopicPartition;
-use coordinator::consumer_protocol::{ConsumerGroup, Heartbeat, ASSIGNORS, STATIC_LEAVE_EPOCH};
+use coordinator::consumer_protocol::{
+    ConsumerGroup, GroupState, Heartbeat, ASSIGNORS, STATIC_LEAVE_EPOCH,
+};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -74,6 +80,8 @@ enum Op {
     Time {
         ms: u16,
     },
+    /// The coordinator restarts: the group is stored and restored.
+    Restart,
 }
 
 const TOPICS: [(&str, i32); 3] = [("a", 3), ("b", 2), ("c", 1)];
@@ -106,7 +114,11 @@ fn subscription(bits: u8) -> Vec<String> {
     }
 }
 
-fn check_group(g: &ConsumerGroup, epochs: &BTreeMap<String, (i32, BTreeSet<TopicPartition>)>) {
+fn check_group(
+    g: &ConsumerGroup,
+    epochs: &BTreeMap<String, (i32, BTreeSet<TopicPartition>)>,
+    high: &mut BTreeMap<String, i32>,
+) {
     let mut held = BTreeSet::new();
     for m in g.members() {
         for tp in m.assigned.iter().chain(&m.revoking) {
@@ -122,7 +134,7 @@ fn check_group(g: &ConsumerGroup, epochs: &BTreeMap<String, (i32, BTreeSet<Topic
             assert!(subscribed, "{} got {tp} without subscribing", m.id);
         }
         assert!(m.epoch <= g.group_epoch(), "member epoch above the group's");
-        if let Some((before, had)) = epochs.get(&m.id) {
+        if let Some((_, had)) = epochs.get(&m.id) {
             if m.epoch == STATIC_LEAVE_EPOCH {
                 assert!(
                     m.assigned.is_subset(had),
@@ -130,9 +142,12 @@ fn check_group(g: &ConsumerGroup, epochs: &BTreeMap<String, (i32, BTreeSet<Topic
                     m.id
                 );
                 assert!(m.revoking.is_empty(), "{} revokes while away", m.id);
-            } else {
-                assert!(m.epoch >= *before, "{}'s epoch went down", m.id);
             }
+        }
+        if m.epoch > 0 {
+            let highest = high.entry(m.id.clone()).or_insert(m.epoch);
+            assert!(m.epoch >= *highest, "{}'s epoch went down", m.id);
+            *highest = m.epoch;
         }
     }
 }
@@ -149,6 +164,8 @@ fuzz_target!(|ops: Vec<Op>| {
     // Identities left behind: (member id, instance id, epoch, owned) as last known.
     let mut ghosts: Vec<(String, Option<String>, i32, BTreeSet<TopicPartition>)> = Vec::new();
     let mut now = 0i64;
+    // Per member id, the highest epoch above 0 it has had.
+    let mut high: BTreeMap<String, i32> = BTreeMap::new();
     for op in ops.into_iter().take(256) {
         // Expiry first, so that the snapshot below is what a refused heartbeat must leave.
         g.tick(now);
@@ -341,6 +358,19 @@ fuzz_target!(|ops: Vec<Op>| {
                 g.tick(now);
                 (false, 0)
             }
+            Op::Restart => {
+                let state = g.state();
+                let bytes = serde_json::to_vec(&state).expect("serializes");
+                let stored: GroupState = serde_json::from_slice(&bytes).expect("deserializes");
+                let topics = TOPICS.iter().map(|(t, n)| (t.to_string(), *n)).collect();
+                g = ConsumerGroup::restore("g", topics, stored, now).with_timeouts(1_000, 100);
+                assert_eq!(
+                    g.state(),
+                    state,
+                    "restored differently from what was stored"
+                );
+                (false, 0)
+            }
         };
         if refused {
             assert_eq!(
@@ -360,6 +390,6 @@ fuzz_target!(|ops: Vec<Op>| {
                 };
             }
         }
-        check_group(&g, &epochs);
+        check_group(&g, &epochs, &mut high);
     }
 });

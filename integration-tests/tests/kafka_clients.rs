@@ -1595,8 +1595,8 @@ async fn confluent_kafka_consume_transform_produce_with_a_group_fences_a_paused_
     consume_transform_produce_through(CtpFault::PauseProcessor, GroupProtocol::Classic).await;
 }
 
-/// KIP-848 consumers through a restart of the group's coordinator: every member is unknown to
-/// the restarted coordinator (membership lives in memory), rejoins, and goes on exactly once.
+/// KIP-848 consumers through a restart of the group's coordinator: the restarted coordinator
+/// restores the group's stored membership, and the processors go on exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_consume_transform_produce_with_a_kip848_group_survives_a_coordinator_restart(
 ) {
@@ -2443,6 +2443,101 @@ async fn kip848_fetch(
         })
         .collect();
     (g.error_code, offsets)
+}
+
+/// KIP-848 membership is stored: after its coordinator restarts (killed: every task of the
+/// node stops at once), a group goes on where it was. A and B share `input` at epoch 2; after
+/// the restart each heartbeats at epoch 2 and is answered at epoch 2 with the partitions it
+/// had (no rejoin, no rebalance), commits at its epoch are taken, and the fence still holds: a
+/// stale epoch's commit is STALE_MEMBER_EPOCH, an epoch ahead FENCED_MEMBER_EPOCH, an unknown
+/// member UNKNOWN_MEMBER_ID; a new member joins at the next group epoch, not at 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kip848_membership_survives_a_coordinator_restart() {
+    const FENCED_MEMBER_EPOCH: i16 = 110;
+    const STALE_MEMBER_EPOCH: i16 = 113;
+    const UNKNOWN_MEMBER_ID: i16 = 25;
+    let mut cluster = kip848_cluster().await;
+    let group = "kip848-restart";
+    let node = cluster.coordinator_for(group);
+    let coordinator = cluster.kafka_address(node).unwrap();
+    let (code, epoch, _) = kip848_heartbeat(coordinator, group, "a", 0, Some(&[])).await;
+    assert_eq!((code, epoch), (0, 1));
+    let (code, epoch, _) = kip848_heartbeat(coordinator, group, "b", 0, Some(&[])).await;
+    assert_eq!((code, epoch), (0, 2));
+    let (_, _, kept) = kip848_heartbeat(coordinator, group, "a", 1, Some(&[0, 1, 2])).await;
+    let kept = kept.unwrap();
+    let (code, epoch, _) = kip848_heartbeat(coordinator, group, "a", 1, Some(&kept)).await;
+    assert_eq!((code, epoch), (0, 2));
+    let (_, _, b_got) = kip848_heartbeat(coordinator, group, "b", 2, Some(&[])).await;
+    let b_got = b_got.unwrap();
+    assert_eq!(b_got.len() + kept.len(), 3);
+    assert_eq!(kip848_commit(coordinator, group, "a", 2, 9).await, 0);
+
+    cluster.kill(node).await.unwrap();
+    cluster.restart(node).await.unwrap();
+    let coordinator = cluster.kafka_address(node).unwrap();
+    // Restored at start, before any member heartbeats: described with both members at epoch 2.
+    let described =
+        testkit::poll::eventually_within(Duration::from_secs(30), "the group restored", || async {
+            let mut r = kafka_protocol::messages::ConsumerGroupDescribeRequest::default();
+            r.group_ids = vec![kafka_protocol::messages::GroupId(str_bytes(group))];
+            let ResponseKind::ConsumerGroupDescribe(d) = kafka_call(
+                coordinator,
+                ApiKey::ConsumerGroupDescribe,
+                1,
+                RequestKind::ConsumerGroupDescribe(r),
+            )
+            .await
+            else {
+                panic!("ConsumerGroupDescribe response")
+            };
+            let g = d.groups.into_iter().next()?;
+            (g.error_code == 0).then_some(g)
+        })
+        .await;
+    let mut epochs: Vec<(String, i32)> = described
+        .members
+        .iter()
+        .map(|m| (m.member_id.to_string(), m.member_epoch))
+        .collect();
+    epochs.sort();
+    assert_eq!(epochs, [("a".to_string(), 2), ("b".to_string(), 2)]);
+    assert_eq!(described.group_epoch, 2);
+    let a_after = testkit::poll::eventually_within(
+        Duration::from_secs(30),
+        "the restarted coordinator answers",
+        || async {
+            let r = kip848_heartbeat(coordinator, group, "a", 2, Some(&kept)).await;
+            (r.0 != 14).then_some(r)
+        },
+    )
+    .await;
+    assert_eq!(a_after, (0, 2, Some(kept.clone())), "A goes on at epoch 2");
+    let b_after = kip848_heartbeat(coordinator, group, "b", 2, Some(&b_got)).await;
+    assert_eq!(b_after, (0, 2, Some(b_got.clone())), "B goes on at epoch 2");
+    assert_eq!(kip848_commit(coordinator, group, "b", 2, 9).await, 0);
+    // The fence holds across the restart.
+    assert_eq!(
+        kip848_commit(coordinator, group, "a", 1, 9).await,
+        STALE_MEMBER_EPOCH
+    );
+    assert_eq!(
+        kip848_heartbeat(coordinator, group, "a", 3, None).await.0,
+        FENCED_MEMBER_EPOCH
+    );
+    assert_eq!(
+        kip848_heartbeat(coordinator, group, "zombie", 2, None)
+            .await
+            .0,
+        UNKNOWN_MEMBER_ID
+    );
+    let (code, epoch, _) = kip848_heartbeat(coordinator, group, "c", 0, Some(&[])).await;
+    assert_eq!(
+        (code, epoch),
+        (0, 3),
+        "the group epoch goes on from the stored one"
+    );
+    cluster.shutdown().await.unwrap();
 }
 
 /// KIP-848's member epochs fence a zombie consumer, over Kafka's protocol against a real

@@ -528,6 +528,19 @@ mod tests {
         fn offset_groups(&self) -> Result<Vec<String>, StorageError> {
             self.inner.offset_groups()
         }
+        fn put_consumer_group(
+            &self,
+            group: &str,
+            state: Option<&[u8]>,
+        ) -> Result<(), StorageError> {
+            self.inner.put_consumer_group(group, state)
+        }
+        fn consumer_group(&self, group: &str) -> Result<Option<Vec<u8>>, StorageError> {
+            self.inner.consumer_group(group)
+        }
+        fn consumer_groups(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+            self.inner.consumer_groups()
+        }
         fn flush(&self) -> Result<(), StorageError> {
             Ok(())
         }

@@ -388,6 +388,54 @@ impl Shared {
         Ok(answer)
     }
 
+    /// One change of the KIP-848 group `group`, under the group's write lock, so that the
+    /// changes reach storage in the order they were made: `change` gets the group's stored
+    /// state (read from storage only when `needs_load`, asked under the lock, says the caller
+    /// does not hold the group in memory) and returns what to store (`Some(Some(state))`,
+    /// `Some(None)` to remove it, `None` for nothing) with its answer, which is returned once
+    /// what it stored is durable.
+    pub(super) async fn consumer_group_change<T>(
+        &self,
+        group: String,
+        needs_load: impl FnOnce() -> bool,
+        change: impl FnOnce(Option<Vec<u8>>) -> (Option<Option<Vec<u8>>>, T),
+    ) -> Result<T, Error> {
+        self.check_owner(&group)?;
+        let _guard = self.consumer_group_writes.lock(&group).await;
+        let stored = if needs_load() {
+            let g = group.clone();
+            self.blocking(move |st| st.consumer_group(&g)).await?
+        } else {
+            None
+        };
+        let (write, answer) = change(stored);
+        if let Some(state) = write {
+            self.blocking(move |st| st.put_consumer_group(&group, state.as_deref()))
+                .await?;
+        }
+        Ok(answer)
+    }
+
+    /// The stored state of every KIP-848 group this node coordinates, each taken under the
+    /// group's write lock by `restore` (which gets the group id and its state and keeps what
+    /// it does not hold already).
+    pub(super) async fn restore_consumer_groups(
+        &self,
+        mut restore: impl FnMut(&str, Vec<u8>),
+    ) -> Result<usize, Error> {
+        let stored = self.blocking(|st| st.consumer_groups()).await?;
+        let mut restored = 0;
+        for (group, state) in stored {
+            if self.check_owner(&group).is_err() {
+                continue;
+            }
+            let _guard = self.consumer_group_writes.lock(&group).await;
+            restore(&group, state);
+            restored += 1;
+        }
+        Ok(restored)
+    }
+
     /// The groups with committed offsets that this node coordinates.
     pub(super) async fn offset_groups(&self) -> Result<Vec<String>, Error> {
         let groups = self.blocking(|st| st.offset_groups()).await?;

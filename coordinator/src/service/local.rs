@@ -157,6 +157,28 @@ impl LocalService {
         self.shared.delete_group_offsets(group, decide).await
     }
 
+    /// One change of a KIP-848 group, stored before its answer is returned (see `Shared`'s
+    /// `consumer_group_change`).
+    pub(crate) async fn consumer_group_change<T>(
+        &self,
+        group: String,
+        needs_load: impl FnOnce() -> bool,
+        change: impl FnOnce(Option<Vec<u8>>) -> (Option<Option<Vec<u8>>>, T),
+    ) -> Result<T, Error> {
+        self.shared
+            .consumer_group_change(group, needs_load, change)
+            .await
+    }
+
+    /// Hands every stored KIP-848 group this node coordinates to `restore` (see `Shared`'s
+    /// `restore_consumer_groups`); how many.
+    pub(crate) async fn restore_consumer_groups(
+        &self,
+        restore: impl FnMut(&str, Vec<u8>),
+    ) -> Result<usize, Error> {
+        self.shared.restore_consumer_groups(restore).await
+    }
+
     /// The groups with committed offsets that this node coordinates.
     pub(crate) async fn offset_groups(&self) -> Result<Vec<String>, Error> {
         self.shared.offset_groups().await

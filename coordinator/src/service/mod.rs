@@ -308,6 +308,7 @@ async fn serve_inner(
         loaded: AtomicBool::new(false),
         txns: Mutex::new(HashMap::new()),
         groups: keyed_lock::KeyedLocks::default(),
+        consumer_group_writes: keyed_lock::KeyedLocks::default(),
         pending_txn_offsets: Mutex::new(crate::core::PendingTxnOffsets::default()),
         pending_writes: keyed_lock::KeyedLocks::default(),
         pids: tokio::sync::Mutex::new(None),
@@ -346,6 +347,7 @@ async fn serve_inner(
             let _ = server_stop.wait_for(|stopped| *stopped).await;
         });
     let server = tokio::spawn(server);
+    let mut kafka_face = None;
     if let Some(kafka_listener) = kafka_listener {
         // Joined with the other background tasks below, so it ends before the storage closes.
         let mut kafka_config =
@@ -357,6 +359,7 @@ async fn serve_inner(
         let mut stopped = shared.stop.subscribe();
         let sweeper = handler.clone();
         shared.spawn(async move { sweeper.drop_idle_groups_periodically().await });
+        kafka_face = Some(handler.clone());
         shared.spawn(async move {
             let stop = async move {
                 let _ = stopped.wait_for(|s| *s).await;
@@ -395,6 +398,11 @@ async fn serve_inner(
         });
         let scan = shared.clone();
         shared.spawn(async move { scan.timeout_scan().await });
+        if let Some(face) = kafka_face {
+            // KIP-848 groups go on where they were (a heartbeat restores its group itself if
+            // it comes first).
+            shared.spawn(async move { face.restore_consumer_groups().await });
+        }
     }
 
     let served = match server.await {
@@ -464,6 +472,9 @@ struct Shared {
     /// Per-group locks serialising the group markers this node applies (see the module docs);
     /// a group's lock lives only while it is held or waited for.
     groups: keyed_lock::KeyedLocks,
+    /// Per KIP-848 group: orders its changes with their writes to storage (see
+    /// `consumer_group_change`).
+    consumer_group_writes: keyed_lock::KeyedLocks,
     /// KIP-447: transactional offsets of the groups this node coordinates whose marker has
     /// not been applied yet (recorded by the Kafka face, completed by `write_group_marker`).
     pending_txn_offsets: Mutex<crate::core::PendingTxnOffsets>,
