@@ -254,7 +254,8 @@ impl KafkaCoordinator {
     }
 
     /// Runs `f` on the KIP-848 group `group_id` if this face holds it, after expiring its
-    /// silent members; an Empty group is dropped afterwards (its offsets are stored apart and
+    /// silent members. What the expiry changed is stored by the group's next heartbeat or the
+    /// next sweep, which also drops the group once it is Empty (its offsets are stored apart and
     /// stay; a member of its past is unknown to any later one).
     fn on_consumer_group<T>(
         &self,
@@ -267,11 +268,43 @@ impl KafkaCoordinator {
         if !expired.is_empty() {
             tracing::info!(group = group_id, ?expired, "consumer group members removed");
         }
-        let answer = f(group);
-        if group.is_empty() {
-            groups.remove(group_id);
+        Some(f(group))
+    }
+
+    /// Expires the silent members of every KIP-848 group this face holds, stores what that
+    /// changed, and drops (from memory and storage) the groups left Empty.
+    async fn sweep_consumer_groups(&self) {
+        let ids: Vec<String> = self.consumer_groups().keys().cloned().collect();
+        for group_id in ids {
+            let swept = self
+                .service
+                .consumer_group_change(
+                    group_id.clone(),
+                    || false,
+                    |_| {
+                        let mut groups = self.consumer_groups();
+                        let Some(group) = groups.get_mut(&group_id) else {
+                            return (None, ());
+                        };
+                        let before = group.state();
+                        let expired = group.tick(cluster::node::now_ms());
+                        if !expired.is_empty() {
+                            tracing::info!(group = %group_id, ?expired, "consumer group members removed");
+                        }
+                        if group.is_empty() {
+                            groups.remove(&group_id);
+                            return (Some(None), ());
+                        }
+                        let after = group.state();
+                        let write = (after != before).then(|| Some(stored_state(&after)));
+                        (write, ())
+                    },
+                )
+                .await;
+            if let Err(e) = swept {
+                tracing::debug!(group = %group_id, "consumer group not swept: {e}");
+            }
         }
-        Some(answer)
     }
 
     /// Restores every stored KIP-848 group this coordinator serves and does not hold yet (at
@@ -339,13 +372,7 @@ impl KafkaCoordinator {
                 _ = tokio::time::sleep(IDLE_GROUP_SWEEP) => {}
             }
             self.sweep(&mut self.groups());
-            self.consumer_groups().retain(|group_id, g| {
-                let expired = g.tick(cluster::node::now_ms());
-                if !expired.is_empty() {
-                    tracing::info!(group = %group_id, ?expired, "consumer group members removed");
-                }
-                !g.is_empty()
-            });
+            self.sweep_consumer_groups().await;
         }
     }
 
@@ -490,6 +517,11 @@ impl KafkaCoordinator {
             }
         }
     }
+}
+
+/// A KIP-848 group's state as stored (JSON).
+fn stored_state(state: &GroupState) -> Vec<u8> {
+    serde_json::to_vec(state).expect("a group state serializes")
 }
 
 /// Kafka's code for a group decision.
@@ -922,11 +954,8 @@ impl KafkaCoordinator {
                     if group.is_empty() {
                         groups.remove(&group_id);
                     }
-                    let write = (after.as_ref() != Some(&before)).then(|| {
-                        after.map(|state| {
-                            serde_json::to_vec(&state).expect("a group state serializes")
-                        })
-                    });
+                    let write =
+                        (after.as_ref() != Some(&before)).then(|| after.as_ref().map(stored_state));
                     (write, result)
                 },
             )
