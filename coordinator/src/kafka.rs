@@ -291,13 +291,7 @@ impl KafkaCoordinator {
                         if !expired.is_empty() {
                             tracing::info!(group = %group_id, ?expired, "consumer group members removed");
                         }
-                        if group.is_empty() {
-                            groups.remove(&group_id);
-                            return (Some(None), ());
-                        }
-                        let after = group.state();
-                        let write = (after != before).then(|| Some(stored_state(&after)));
-                        (write, ())
+                        (change_to_store(&mut groups, &group_id, before), ())
                     },
                 )
                 .await;
@@ -311,13 +305,7 @@ impl KafkaCoordinator {
     /// start, once the transaction state is loaded), so that describes, commits and
     /// protocol checks see the groups before their members' next heartbeats.
     pub(crate) async fn restore_consumer_groups(&self) {
-        let topics: std::collections::BTreeMap<String, i32> = self
-            .service
-            .topology()
-            .topics
-            .iter()
-            .map(|t| (t.name.clone(), t.leaders.len() as i32))
-            .collect();
+        let topics = topic_sizes(self.service.topology());
         let restored = self
             .service
             .restore_consumer_groups(|group_id, bytes| {
@@ -519,9 +507,30 @@ impl KafkaCoordinator {
     }
 }
 
-/// A KIP-848 group's state as stored (JSON).
-fn stored_state(state: &GroupState) -> Vec<u8> {
-    serde_json::to_vec(state).expect("a group state serializes")
+/// What to store after a change of the KIP-848 group `group_id`, which was `before`: nothing if
+/// its state is unchanged, its new state (JSON), or, when it is Empty now, its removal (from
+/// `groups` too; nothing to store if it had no members before either: a refused first join).
+fn change_to_store(
+    groups: &mut HashMap<String, ConsumerGroup>,
+    group_id: &str,
+    before: GroupState,
+) -> Option<Option<Vec<u8>>> {
+    let group = groups.get(group_id)?;
+    if group.is_empty() {
+        groups.remove(group_id);
+        return (!before.members.is_empty()).then_some(None);
+    }
+    let after = group.state();
+    (after != before).then(|| Some(serde_json::to_vec(&after).expect("a group state serializes")))
+}
+
+/// The topology's topics and their partition counts, as KIP-848 groups take them.
+fn topic_sizes(topology: &cluster::Topology) -> std::collections::BTreeMap<String, i32> {
+    topology
+        .topics
+        .iter()
+        .map(|t| (t.name.clone(), t.leaders.len() as i32))
+        .collect()
 }
 
 /// Kafka's code for a group decision.
@@ -918,11 +927,7 @@ impl KafkaCoordinator {
             client_host: client.host,
         };
         let joining = heartbeat.member_epoch == crate::consumer_protocol::JOIN_EPOCH;
-        let topics: std::collections::BTreeMap<String, i32> = topology
-            .topics
-            .iter()
-            .map(|t| (t.name.clone(), t.leaders.len() as i32))
-            .collect();
+        let topics = topic_sizes(topology);
         let changed = self
             .service
             .consumer_group_change(
@@ -950,13 +955,7 @@ impl KafkaCoordinator {
                     let group = groups.get_mut(&group_id).expect("inserted");
                     let before = group.state();
                     let result = group.heartbeat(heartbeat, now);
-                    let after = (!group.is_empty()).then(|| group.state());
-                    if group.is_empty() {
-                        groups.remove(&group_id);
-                    }
-                    let write =
-                        (after.as_ref() != Some(&before)).then(|| after.as_ref().map(stored_state));
-                    (write, result)
+                    (change_to_store(&mut groups, &group_id, before), result)
                 },
             )
             .await;
@@ -2001,6 +2000,62 @@ impl KafkaCoordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A KIP-848 group's change is stored only when its state changed; an emptied group is
+    /// removed (from memory and storage), unless it never had members (a refused first join
+    /// stores nothing).
+    #[test]
+    fn only_changed_consumer_groups_are_stored() {
+        use crate::consumer_protocol::Heartbeat;
+        let topics: std::collections::BTreeMap<String, i32> = [("t".to_string(), 2)].into();
+        let join = |id: &str| Heartbeat {
+            member_id: id.into(),
+            member_epoch: 0,
+            rebalance_timeout_ms: 1_000,
+            subscribed_topic_names: Some(vec!["t".into()]),
+            owned: Some(Default::default()),
+            ..Default::default()
+        };
+        let mut groups = HashMap::new();
+        groups.insert("g".to_string(), ConsumerGroup::new("g", topics.clone()));
+        // A refused first join: nothing to store, the empty group dropped.
+        let before = groups["g"].state();
+        let mut bad = join("a");
+        bad.rebalance_timeout_ms = -1;
+        assert!(groups.get_mut("g").unwrap().heartbeat(bad, 0).is_err());
+        assert_eq!(change_to_store(&mut groups, "g", before), None);
+        assert!(groups.is_empty());
+        // A join: its state stored, readable back.
+        groups.insert("g".to_string(), ConsumerGroup::new("g", topics.clone()));
+        let before = groups["g"].state();
+        let reply = groups
+            .get_mut("g")
+            .unwrap()
+            .heartbeat(join("a"), 0)
+            .unwrap();
+        let stored = change_to_store(&mut groups, "g", before).unwrap().unwrap();
+        let state: GroupState = serde_json::from_slice(&stored).unwrap();
+        assert_eq!(state, groups["g"].state());
+        // A heartbeat that changes nothing stores nothing.
+        let before = groups["g"].state();
+        let mut beat = join("a");
+        beat.member_epoch = reply.member_epoch;
+        beat.rebalance_timeout_ms = -1;
+        beat.subscribed_topic_names = None;
+        beat.owned = reply.assignment;
+        groups.get_mut("g").unwrap().heartbeat(beat, 1).unwrap();
+        assert_eq!(change_to_store(&mut groups, "g", before), None);
+        // The last member leaves: the group is removed, from storage too.
+        let before = groups["g"].state();
+        let leave = Heartbeat {
+            member_id: "a".into(),
+            member_epoch: crate::consumer_protocol::LEAVE_EPOCH,
+            ..Default::default()
+        };
+        groups.get_mut("g").unwrap().heartbeat(leave, 2).unwrap();
+        assert_eq!(change_to_store(&mut groups, "g", before), Some(None));
+        assert!(groups.is_empty());
+    }
 
     /// A failed write of the coordinator's state is retriable for Kafka clients (the request is
     /// sent again, an EndTxn with its decision), as Kafka's coordinators answer it; a timed-out
