@@ -332,11 +332,7 @@ impl KafkaCoordinator {
         topics: std::collections::BTreeMap<String, i32>,
         bytes: &[u8],
     ) -> Option<ConsumerGroup> {
-        let state = serde_json::from_slice::<GroupState>(bytes)
-            .map_err(|e| {
-                tracing::error!(group = %group_id, "stored consumer group state unreadable, ignored: {e}");
-            })
-            .ok()?;
+        let state = stored_group_state(group_id, bytes)?;
         let now = cluster::node::now_ms();
         Some(self.with_settings(ConsumerGroup::restore(group_id, topics, state, now)))
     }
@@ -522,6 +518,16 @@ fn change_to_store(
     }
     let after = group.state();
     (after != before).then(|| Some(serde_json::to_vec(&after).expect("a group state serializes")))
+}
+
+/// A KIP-848 group's stored state, read back; `None` (logged) if the bytes are not one: the
+/// group is then not restored and its members rejoin.
+fn stored_group_state(group_id: &str, bytes: &[u8]) -> Option<GroupState> {
+    serde_json::from_slice::<GroupState>(bytes)
+        .map_err(|e| {
+            tracing::error!(group = %group_id, "stored consumer group state unreadable, ignored: {e}");
+        })
+        .ok()
 }
 
 /// The topology's topics and their partition counts, as KIP-848 groups take them.
@@ -2034,8 +2040,10 @@ mod tests {
             .heartbeat(join("a"), 0)
             .unwrap();
         let stored = change_to_store(&mut groups, "g", before).unwrap().unwrap();
-        let state: GroupState = serde_json::from_slice(&stored).unwrap();
-        assert_eq!(state, groups["g"].state());
+        assert_eq!(stored_group_state("g", &stored), Some(groups["g"].state()));
+        // Stored bytes that are not a group state (a damaged or foreign value) restore nothing.
+        assert_eq!(stored_group_state("g", &stored[..stored.len() / 2]), None);
+        assert_eq!(stored_group_state("g", b"\xff garbage"), None);
         // A heartbeat that changes nothing stores nothing.
         let before = groups["g"].state();
         let mut beat = join("a");

@@ -57,17 +57,25 @@ pub fn describe_cluster(
     }
     response.cluster_id = str_bytes(CLUSTER_ID);
     response.controller_id = BrokerId(node_id);
-    response.brokers = all_nodes(topology)
-        .filter_map(|n| {
-            let (host, port) = host_port(n.kafka_address.as_deref()?)?;
+    response.brokers = brokers(topology)
+        .map(|(id, host, port)| {
             let mut b = DescribeClusterBroker::default();
-            b.broker_id = BrokerId(n.id);
+            b.broker_id = BrokerId(id);
             b.host = str_bytes(host);
             b.port = port;
-            Some(b)
+            b
         })
         .collect();
     response
+}
+
+/// Every node with a usable Kafka address: (node id, host, port), as Metadata and
+/// DescribeCluster list the brokers.
+fn brokers(topology: &Topology) -> impl Iterator<Item = (i32, String, i32)> + '_ {
+    all_nodes(topology).filter_map(|n| {
+        let (host, port) = host_port(n.kafka_address.as_deref()?)?;
+        Some((n.id, host, port))
+    })
 }
 
 /// The cluster id every node reports.
@@ -195,14 +203,13 @@ pub fn metadata(
             .collect();
         return response;
     };
-    response.brokers = all_nodes(topology)
-        .filter_map(|n| {
-            let (host, port) = host_port(n.kafka_address.as_deref()?)?;
+    response.brokers = brokers(topology)
+        .map(|(id, host, port)| {
             let mut b = MetadataResponseBroker::default();
-            b.node_id = BrokerId(n.id);
+            b.node_id = BrokerId(id);
             b.host = str_bytes(host);
             b.port = port;
-            Some(b)
+            b
         })
         .collect();
     response.cluster_id = Some(str_bytes(CLUSTER_ID));
