@@ -35,11 +35,21 @@
 //! MEMBER_ID_REQUIRED with its new id (KIP-394). A member's session does not expire while its
 //! JoinGroup or SyncGroup is parked (Kafka does the same by resetting it on each call).
 //!
-//! CAVEATS: membership is not persisted (a restarted coordinator starts every group Empty at
-//! generation 0, and the shell drops idle Empty groups: members rejoin, and a zombie's commit
-//! from the previous life is then UNKNOWN_MEMBER_ID instead of ILLEGAL_GENERATION, fenced all
-//! the same because every life hands out its own member ids,
-//! [`GroupMembership::with_incarnation`]); no max group size.
+//! Stored membership, as Kafka's `GroupMetadata` record in `__consumer_offsets`: a group's
+//! last Stable generation ([`ClassicGroupRecord`]: generation, protocol, leader, and every
+//! member with its subscription and assignment) is what storage must hold before any answer
+//! that shows it goes out ([`GroupMembership::to_store`]: the SyncGroup answers that hand out
+//! a generation's assignment, the JoinGroup answer of a static member that replaced another in
+//! place); an Empty group's record is removed. While a round runs, storage keeps the last
+//! Stable generation, as Kafka's does. A restarted coordinator restores each group Stable at
+//! its stored generation ([`GroupMembership::restore`]): the members heartbeat and commit at
+//! the generation they had, without a rebalance; sessions start over at the restore; a member
+//! that was leaving when the coordinator stopped expires after its session. A group that was
+//! Empty (nothing stored) starts over at generation 0, and then a zombie's commit from the
+//! previous life is UNKNOWN_MEMBER_ID, because every life hands out its own member ids
+//! ([`GroupMembership::with_incarnation`]).
+//!
+//! CAVEATS: no max group size.
 //!
 //! Static membership (KIP-345): a member joining with a `group.instance.id` that another member
 //! holds replaces it, and the old member id is FENCED_INSTANCE_ID from then on. In a Stable
@@ -194,6 +204,43 @@ pub struct JoinResult {
     pub members: Vec<(String, Option<String>, Vec<u8>)>,
 }
 
+/// What is stored of a classic group, as Kafka's `GroupMetadata` record: its last Stable
+/// generation ([`GroupMembership::to_store`], [`GroupMembership::restore`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClassicGroupRecord {
+    /// The generation.
+    pub generation: i32,
+    /// Its protocol type ("consumer").
+    pub protocol_type: String,
+    /// The protocol chosen for the generation.
+    pub protocol: String,
+    /// The leader's member id.
+    pub leader: String,
+    /// Every member of the generation.
+    pub members: Vec<ClassicMemberRecord>,
+}
+
+/// One member of a [`ClassicGroupRecord`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClassicMemberRecord {
+    /// Its member id.
+    pub member_id: String,
+    /// Its group instance id, for a static member.
+    pub instance_id: Option<String>,
+    /// The client id it joined with.
+    pub client_id: String,
+    /// Where it joined from.
+    pub client_host: String,
+    /// Its session timeout.
+    pub session_timeout_ms: i32,
+    /// Its rebalance timeout.
+    pub rebalance_timeout_ms: i32,
+    /// (name, metadata) of the protocols it offered, in its order of preference.
+    pub protocols: Vec<(String, Vec<u8>)>,
+    /// Its assignment in the generation.
+    pub assignment: Vec<u8>,
+}
+
 #[derive(Clone, Debug)]
 struct Member {
     instance_id: Option<String>,
@@ -236,6 +283,8 @@ pub struct GroupMembership {
     /// Part of every member id handed out: unique to this membership's life (see
     /// [`GroupMembership::with_incarnation`]).
     incarnation: String,
+    /// What storage holds of the group, as far as it was told ([`Self::stored`]).
+    stored: Option<ClassicGroupRecord>,
 }
 
 impl GroupMembership {
@@ -262,7 +311,114 @@ impl GroupMembership {
             initial_delay_ms: initial_delay_ms.max(0),
             initial_until_ms: None,
             incarnation: String::new(),
+            stored: None,
         }
+    }
+
+    /// The group as storage holds it in `record` (read back at a coordinator's start): Stable
+    /// at the record's generation, with its protocol, its leader, and every member with its
+    /// subscription and assignment; every session starts over at `now_ms`, and nothing else
+    /// waits. A record that is not consistent is taken as far as it is: a member without an
+    /// id, or with an id or an instance id an earlier member of the record has, is left out
+    /// (it rejoins); session timeouts are brought within Kafka's bounds; a leader that is not
+    /// a member is replaced by the first member; a record without members gives an Empty group
+    /// at its generation. The group then stores what it took ([`Self::to_store`]) when that
+    /// differs from the record.
+    pub fn restore(
+        group_id: &str,
+        initial_delay_ms: i64,
+        record: ClassicGroupRecord,
+        now_ms: i64,
+    ) -> Self {
+        let mut g = Self::with_initial_delay(group_id, initial_delay_ms);
+        g.generation = record.generation.max(0);
+        for m in &record.members {
+            let taken_instance = m
+                .instance_id
+                .as_ref()
+                .is_some_and(|i| g.static_members.contains_key(i));
+            if m.member_id.is_empty() || g.members.contains_key(&m.member_id) || taken_instance {
+                continue;
+            }
+            if let Some(instance) = &m.instance_id {
+                g.static_members
+                    .insert(instance.clone(), m.member_id.clone());
+            }
+            g.members.insert(
+                m.member_id.clone(),
+                Member {
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    session_timeout_ms: m
+                        .session_timeout_ms
+                        .clamp(MIN_SESSION_TIMEOUT_MS, MAX_SESSION_TIMEOUT_MS),
+                    rebalance_timeout_ms: m.rebalance_timeout_ms.max(0),
+                    protocols: m.protocols.clone(),
+                    last_seen_ms: now_ms,
+                    awaiting_join: false,
+                    join_result: None,
+                    awaiting_sync: false,
+                    assignment: m.assignment.clone(),
+                },
+            );
+        }
+        if let Some(first) = g.members.keys().next().cloned() {
+            g.state = GroupState::Stable;
+            g.protocol_type = Some(record.protocol_type.clone());
+            g.protocol = Some(record.protocol.clone());
+            g.leader = Some(if g.members.contains_key(&record.leader) {
+                record.leader.clone()
+            } else {
+                first
+            });
+        }
+        g.stored = Some(record);
+        g
+    }
+
+    /// The group as [`ClassicGroupRecord`] stores it (meaningful in a Stable group).
+    fn record(&self) -> ClassicGroupRecord {
+        ClassicGroupRecord {
+            generation: self.generation,
+            protocol_type: self.protocol_type.clone().unwrap_or_default(),
+            protocol: self.protocol.clone().unwrap_or_default(),
+            leader: self.leader.clone().unwrap_or_default(),
+            members: self
+                .members
+                .iter()
+                .map(|(id, m)| ClassicMemberRecord {
+                    member_id: id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    session_timeout_ms: m.session_timeout_ms,
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    protocols: m.protocols.clone(),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// What storage must be told before an answer that shows the group as it is now goes out,
+    /// when storage does not hold it already ([`Self::stored`]): `Some(Some(record))` for a
+    /// Stable generation (a new one, or a member replaced in place), `Some(None)` to remove
+    /// the record of a group that is Empty now; `None` when there is nothing to write: storage
+    /// holds it already, or a round is running (storage keeps the last Stable generation, as
+    /// Kafka's does; members rejoin it after a restart).
+    pub fn to_store(&self) -> Option<Option<ClassicGroupRecord>> {
+        let now = match self.state {
+            GroupState::Stable => Some(self.record()),
+            GroupState::Empty => None,
+            GroupState::PreparingRebalance { .. } | GroupState::CompletingRebalance => return None,
+        };
+        (now != self.stored).then_some(now)
+    }
+
+    /// Storage holds `record` for the group now (what [`Self::to_store`] gave, once durable).
+    pub fn stored(&mut self, record: Option<ClassicGroupRecord>) {
+        self.stored = record;
     }
 
     /// The same membership, whose member ids carry `incarnation` (`<client id>-<incarnation>-<n>`).
@@ -277,10 +433,14 @@ impl GroupMembership {
         self
     }
 
-    /// Empty, with nobody joined or holding a member id handed out: dropping it loses nothing
-    /// but the generation number (the offsets are stored apart).
+    /// Empty, with nobody joined or holding a member id handed out, and no record in storage
+    /// to remove: dropping it loses nothing but the generation number (the offsets are stored
+    /// apart).
     pub fn is_idle(&self) -> bool {
-        self.state == GroupState::Empty && self.members.is_empty() && self.pending.is_empty()
+        self.state == GroupState::Empty
+            && self.members.is_empty()
+            && self.pending.is_empty()
+            && self.stored.is_none()
     }
 
     /// The group's id.
@@ -1857,5 +2017,177 @@ mod tests {
         // Without heartbeats the fresh session does run out.
         g.heartbeat(&a, 2, 19_000).unwrap();
         assert_eq!(g.tick(20_400), vec![b.clone()]);
+    }
+
+    /// The record a group stores goes through JSON, as the shell stores it.
+    fn through_json(record: &ClassicGroupRecord) -> ClassicGroupRecord {
+        serde_json::from_slice(&serde_json::to_vec(record).unwrap()).unwrap()
+    }
+
+    /// Kafka's GroupMetadata record: a Stable generation is to be stored, and a group restored
+    /// from it goes on where it was, with no rebalance: its members heartbeat and commit at
+    /// their generation and are given their assignments again; the fence holds (an older
+    /// generation is ILLEGAL_GENERATION, a member id the record does not hold
+    /// UNKNOWN_MEMBER_ID), sessions start over at the restore, and the next round goes on from
+    /// the stored generation.
+    #[test]
+    fn a_stable_generation_is_stored_and_a_restored_group_goes_on_from_it() {
+        let (mut g, a, b) = stable_pair();
+        let record = g.to_store().expect("a new generation").expect("a record");
+        assert_eq!((record.generation, record.members.len()), (2, 2));
+        assert_eq!(record.leader, a);
+        g.stored(Some(record.clone()));
+        assert_eq!(g.to_store(), None, "storage holds it");
+        g.heartbeat(&b, 2, 20).unwrap();
+        assert_eq!(g.to_store(), None, "a heartbeat changes nothing stored");
+
+        let mut r = GroupMembership::restore("g", 3_000, through_json(&record), 1_000)
+            .with_incarnation("2.1");
+        assert_eq!((r.state(), r.generation()), (GroupState::Stable, 2));
+        assert_eq!(r.leader(), Some(a.as_str()));
+        assert_eq!(r.to_store(), None, "what it took is what storage holds");
+        assert_eq!(r.heartbeat(&a, 2, 1_001), Ok(()));
+        assert_eq!(r.heartbeat(&b, 2, 1_001), Ok(()));
+        r.sync(&b, 2, vec![], 1_002).unwrap();
+        assert_eq!(r.sync_result(&b, 2), Some(Ok(b"1".to_vec())));
+        assert_eq!(r.check_commit(&a, 2, None, Plain), Ok(()));
+        assert_eq!(
+            r.check_commit(&a, 1, None, Txn),
+            Err(GroupError::IllegalGeneration { got: 1, current: 2 })
+        );
+        assert_eq!(
+            r.heartbeat("c-9", 2, 1_003),
+            Err(GroupError::UnknownMemberId("c-9".into()))
+        );
+        let described = r.describe();
+        assert_eq!(
+            (described.state, described.protocol.as_str()),
+            ("Stable", "range")
+        );
+        assert_eq!(described.members[0].assignment, b"0");
+        // Sessions count from the restore: 10 s each here.
+        assert_eq!(r.tick(10_900), Vec::<String>::new());
+        // A newcomer starts the next round, from the stored generation, with an id of the
+        // new life.
+        let c = r.join(join("", &["range"]), 11_000).unwrap();
+        assert!(c.contains("-2.1-"), "{c}");
+        assert_eq!(
+            r.to_store(),
+            None,
+            "storage keeps generation 2 while the round runs"
+        );
+        r.join(join(&a, &["range"]), 11_001).unwrap();
+        r.join(join(&b, &["range"]), 11_002).unwrap();
+        assert_eq!(r.join_result(&c).unwrap().unwrap().generation, 3);
+        r.sync(&a, 3, vec![], 11_003).unwrap();
+        assert_eq!(r.to_store().unwrap().unwrap().generation, 3);
+    }
+
+    /// A round keeps the last Stable generation in storage; a group whose members all left is
+    /// Empty, its record is to be removed, and until storage was told so the group is not idle
+    /// (dropping it would leave the record behind, and its members would come back at a
+    /// restart).
+    #[test]
+    fn an_empty_group_removes_its_record_and_is_idle_only_once_removed() {
+        let (mut g, a, b) = stable_pair();
+        g.stored(g.to_store().unwrap());
+        g.leave(&b, 30).unwrap();
+        assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
+        assert_eq!(g.to_store(), None);
+        g.leave(&a, 31).unwrap();
+        assert_eq!(g.state(), GroupState::Empty);
+        assert_eq!(g.to_store(), Some(None), "the record is removed");
+        assert!(!g.is_idle(), "not dropped before the removal is stored");
+        g.stored(None);
+        assert_eq!(g.to_store(), None);
+        assert!(g.is_idle());
+        // A group that never had a Stable generation has nothing to store.
+        let mut fresh = GroupMembership::new("h");
+        let x = fresh.join(join("", &["range"]), 0).unwrap();
+        fresh.leave(&x, 1).unwrap();
+        assert_eq!((fresh.to_store(), fresh.is_idle()), (None, true));
+    }
+
+    /// A static member replaced in place (KIP-345, no rebalance) changes what is stored: the
+    /// new member id holds the instance. Restored from that record, the group still fences the
+    /// instance's old member id, and the new one goes on with the old one's assignment.
+    #[test]
+    fn a_static_replacement_is_stored_and_fences_across_a_restore() {
+        let (mut g, a, old_b) = stable_static_pair(&["range"]);
+        g.stored(g.to_store().unwrap());
+        let new_b = g.join(static_join("", "i-b", &["range"]), 100).unwrap();
+        assert_eq!(g.generation(), 1, "no rebalance");
+        let record = g.to_store().expect("the replacement").unwrap();
+        assert!(record.members.iter().any(|m| m.member_id == new_b));
+        assert!(!record.members.iter().any(|m| m.member_id == old_b));
+        let mut r = GroupMembership::restore("g", 0, through_json(&record), 5_000);
+        assert_eq!(
+            r.check_commit(&old_b, 1, Some("i-b"), Txn),
+            Err(GroupError::FencedInstanceId(old_b.clone()))
+        );
+        assert_eq!(r.static_member("i-b"), Some(new_b.as_str()));
+        assert_eq!(r.heartbeat(&a, 1, 5_001), Ok(()));
+        r.sync(&new_b, 1, vec![], 5_002).unwrap();
+        assert_eq!(r.sync_result(&new_b, 1), Some(Ok(b"1".to_vec())));
+    }
+
+    /// A record that is not consistent (damaged, or written by hand) restores what it can and
+    /// never two members under one id or one instance: the first holds it, and the others
+    /// rejoin; a missing leader is replaced; session timeouts come within bounds; a record
+    /// without members is an Empty group at its generation, whose record is then removed.
+    #[test]
+    fn an_inconsistent_record_restores_what_it_can() {
+        let member = |id: &str, instance: Option<&str>, session: i32| ClassicMemberRecord {
+            member_id: id.into(),
+            instance_id: instance.map(Into::into),
+            client_id: "c".into(),
+            client_host: "/h".into(),
+            session_timeout_ms: session,
+            rebalance_timeout_ms: -5,
+            protocols: vec![("range".into(), vec![])],
+            assignment: id.as_bytes().to_vec(),
+        };
+        let record = ClassicGroupRecord {
+            generation: 4,
+            protocol_type: "consumer".into(),
+            protocol: "range".into(),
+            leader: "gone".into(),
+            members: vec![
+                member("m1", Some("i"), 1),
+                member("m1", None, 10_000),
+                member("m2", Some("i"), 10_000),
+                member("", None, 10_000),
+                member("m3", None, i32::MAX),
+            ],
+        };
+        let mut r = GroupMembership::restore("g", 0, record, 0);
+        assert_eq!(r.member_ids(), ["m1", "m3"]);
+        assert_eq!(r.static_member("i"), Some("m1"));
+        assert_eq!(r.leader(), Some("m1"));
+        let stored = r
+            .to_store()
+            .expect("storage is told what was taken")
+            .unwrap();
+        assert_eq!(stored.members[0].session_timeout_ms, MIN_SESSION_TIMEOUT_MS);
+        assert_eq!(stored.members[1].session_timeout_ms, MAX_SESSION_TIMEOUT_MS);
+        assert_eq!(
+            r.heartbeat("m2", 4, 1),
+            Err(GroupError::UnknownMemberId("m2".into()))
+        );
+        assert_eq!(
+            r.tick(MIN_SESSION_TIMEOUT_MS as i64 + 1),
+            vec!["m1".to_string()]
+        );
+
+        let empty = ClassicGroupRecord {
+            generation: -3,
+            protocol_type: String::new(),
+            protocol: String::new(),
+            leader: String::new(),
+            members: vec![],
+        };
+        let e = GroupMembership::restore("g", 0, empty, 0);
+        assert_eq!((e.state(), e.generation()), (GroupState::Empty, 0));
+        assert_eq!(e.to_store(), Some(None), "the record goes");
     }
 }

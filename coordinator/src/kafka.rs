@@ -121,12 +121,15 @@ use kafka_protocol::messages::{
     SyncGroupRequest, SyncGroupResponse,
 };
 
-use crate::consumer_groups::{CommitKind, GroupError, GroupMembership, JoinRequest};
+use crate::consumer_groups::{
+    ClassicGroupRecord, CommitKind, GroupError, GroupMembership, JoinRequest,
+};
 use crate::consumer_protocol::{ConsumerGroup, ConsumerGroupError, GroupState, Heartbeat};
 use crate::core::TransactionVersion;
 use crate::error_code;
 use crate::group_admin::{self, AdminError, Membership};
 use crate::service::LocalService;
+use crate::storage::GroupProtocol;
 use crate::Error;
 use cluster::TopicPartition;
 
@@ -276,39 +279,48 @@ impl KafkaCoordinator {
     async fn sweep_consumer_groups(&self) {
         let ids: Vec<String> = self.consumer_groups().keys().cloned().collect();
         for group_id in ids {
-            let swept = self
-                .service
-                .consumer_group_change(
-                    group_id.clone(),
-                    || false,
-                    |_| {
-                        let mut groups = self.consumer_groups();
-                        let Some(group) = groups.get_mut(&group_id) else {
-                            return (None, ());
-                        };
-                        let before = group.state();
-                        let expired = group.tick(cluster::node::now_ms());
-                        if !expired.is_empty() {
-                            tracing::info!(group = %group_id, ?expired, "consumer group members removed");
-                        }
-                        (change_to_store(&mut groups, &group_id, before), ())
-                    },
-                )
-                .await;
-            if let Err(e) = swept {
+            if let Err(e) = self.sweep_consumer_group(&group_id).await {
                 tracing::debug!(group = %group_id, "consumer group not swept: {e}");
             }
         }
     }
 
-    /// Restores every stored KIP-848 group this coordinator serves and does not hold yet (at
-    /// start, once the transaction state is loaded), so that describes, commits and
-    /// protocol checks see the groups before their members' next heartbeats.
-    pub(crate) async fn restore_consumer_groups(&self) {
+    /// Expires the silent members of the KIP-848 group `group_id`, if this face holds it, and
+    /// stores what that changed (its removal, from memory too, once it is Empty).
+    async fn sweep_consumer_group(&self, group_id: &str) -> Result<(), Error> {
+        self.service
+            .group_state_change(
+                GroupProtocol::Consumer,
+                group_id.to_string(),
+                || false,
+                |_| {
+                    let mut groups = self.consumer_groups();
+                    let Some(group) = groups.get_mut(group_id) else {
+                        return (None, ());
+                    };
+                    let before = group.state();
+                    let expired = group.tick(cluster::node::now_ms());
+                    if !expired.is_empty() {
+                        tracing::info!(group = %group_id, ?expired, "consumer group members removed");
+                    }
+                    (change_to_store(&mut groups, group_id, before), ())
+                },
+                |_| {},
+            )
+            .await
+    }
+
+    /// Restores every stored group this coordinator serves, of both protocols, at start, once
+    /// the transaction state is loaded and before the node serves (its group requests are
+    /// COORDINATOR_LOAD_IN_PROGRESS until then, as Kafka's while it loads
+    /// `__consumer_offsets`): describes, commits, protocol checks and heartbeats all see the
+    /// groups as they were. A stored state that cannot be read is logged and left out (its
+    /// members rejoin). Fails only if storage cannot be read.
+    pub(crate) async fn restore_groups(&self) -> Result<(), Error> {
         let topics = topic_sizes(self.service.topology());
-        let restored = self
+        let consumer = self
             .service
-            .restore_consumer_groups(|group_id, bytes| {
+            .restore_group_states(GroupProtocol::Consumer, |group_id, bytes| {
                 let mut groups = self.consumer_groups();
                 if groups.contains_key(group_id) {
                     return;
@@ -317,11 +329,33 @@ impl KafkaCoordinator {
                     groups.insert(group_id.to_string(), group);
                 }
             })
-            .await;
-        match restored {
-            Ok(n) => tracing::info!(groups = n, "KIP-848 consumer groups restored"),
-            Err(e) => tracing::warn!("KIP-848 consumer groups not restored: {e}"),
-        }
+            .await?;
+        let classic = self
+            .service
+            .restore_group_states(GroupProtocol::Classic, |group_id, bytes| {
+                let Some(record) = stored_classic_record(group_id, &bytes) else {
+                    return;
+                };
+                let mut groups = self.groups();
+                if groups.slots.contains_key(group_id) {
+                    return;
+                }
+                let membership = GroupMembership::restore(
+                    group_id,
+                    self.service.group_initial_rebalance_delay_ms(),
+                    record,
+                    cluster::node::now_ms(),
+                );
+                let slot = self.new_slot(membership);
+                groups.slots.insert(group_id.to_string(), slot);
+            })
+            .await?;
+        tracing::info!(
+            consumer_groups = consumer,
+            classic_groups = classic,
+            "consumer groups restored"
+        );
+        Ok(())
     }
 
     /// A KIP-848 group from its stored state (`None`, logged, if the state cannot be read),
@@ -355,6 +389,7 @@ impl KafkaCoordinator {
                 _ = stopping.wait_for(|s| *s) => return,
                 _ = tokio::time::sleep(IDLE_GROUP_SWEEP) => {}
             }
+            self.settle_classic_groups().await;
             self.sweep(&mut self.groups());
             self.sweep_consumer_groups().await;
         }
@@ -380,20 +415,79 @@ impl KafkaCoordinator {
             .slots
             .entry(group_id.to_string())
             .or_insert_with(|| {
-                let life = self.lives.fetch_add(1, Ordering::Relaxed) + 1;
-                let incarnation = format!("{}.{life}", self.service.incarnation());
-                Arc::new(GroupSlot {
-                    membership: Mutex::new(
-                        GroupMembership::with_initial_delay(
-                            group_id,
-                            self.service.group_initial_rebalance_delay_ms(),
-                        )
-                        .with_incarnation(&incarnation),
-                    ),
-                    changed: tokio::sync::Notify::new(),
-                })
+                self.new_slot(GroupMembership::with_initial_delay(
+                    group_id,
+                    self.service.group_initial_rebalance_delay_ms(),
+                ))
             })
             .clone()
+    }
+
+    /// A slot for `membership`, whose member ids will be of a new life.
+    fn new_slot(&self, membership: GroupMembership) -> Arc<GroupSlot> {
+        let life = self.lives.fetch_add(1, Ordering::Relaxed) + 1;
+        let incarnation = format!("{}.{life}", self.service.incarnation());
+        Arc::new(GroupSlot {
+            membership: Mutex::new(membership.with_incarnation(&incarnation)),
+            changed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Makes the classic group `group_id` durable as it is now, when storage does not hold
+    /// that already ([`GroupMembership::to_store`]: a new Stable generation, a static member
+    /// replaced in place, an Empty group's removal), before an answer that shows it goes out;
+    /// under the group's write lock, so that the group's writes reach storage in order and
+    /// what the group believes storage holds is what it holds.
+    async fn settle(&self, group_id: &str) -> Result<(), Error> {
+        let Some(slot) = self.groups().slots.get(group_id).cloned() else {
+            return Ok(());
+        };
+        if slot.lock().to_store().is_none() {
+            return Ok(());
+        }
+        self.service
+            .group_state_change(
+                GroupProtocol::Classic,
+                group_id.to_string(),
+                || false,
+                |_| {
+                    let Some(record) = slot.lock().to_store() else {
+                        return (None, None);
+                    };
+                    let bytes = record
+                        .as_ref()
+                        .map(|r| serde_json::to_vec(r).expect("a group record serializes"));
+                    (Some(bytes), Some(record))
+                },
+                |record| {
+                    if let Some(record) = record {
+                        slot.lock().stored(record.clone());
+                    }
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Expires the silent members of every classic group this face holds and stores what
+    /// that changed (the removal of the groups left Empty, which are then idle).
+    async fn settle_classic_groups(&self) {
+        for (group_id, _) in self.known_groups() {
+            if let Err(e) = self.expire_and_settle(&group_id).await {
+                tracing::debug!(group = %group_id, "classic group not stored: {e}");
+            }
+        }
+    }
+
+    /// Expires the silent members of the classic group `group_id`, if this face holds it, and
+    /// stores what that changed ([`KafkaCoordinator::settle`]): an admin request then sees an
+    /// Empty group as idle.
+    async fn expire_and_settle(&self, group_id: &str) -> Result<(), Error> {
+        let slot = self.groups().slots.get(group_id).cloned();
+        if let Some(slot) = slot {
+            on_slot(group_id, &slot, |_, _| ());
+        }
+        self.settle(group_id).await
     }
 
     /// INVALID_GROUP_ID for an empty id, NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS if this
@@ -503,6 +597,28 @@ impl KafkaCoordinator {
     }
 }
 
+impl KafkaCoordinator {
+    /// A JoinGroup's or SyncGroup's answer, once the group is durable as the answer shows it
+    /// ([`KafkaCoordinator::settle`]); the error code of the write instead if it failed (the
+    /// member retries or rejoins).
+    async fn settled<T>(
+        &self,
+        group_id: &str,
+        answer: Option<Result<T, GroupError>>,
+    ) -> Option<Result<T, i16>> {
+        match answer? {
+            Err(e) => Some(Err(group_code(&e))),
+            Ok(answer) => match self.settle(group_id).await {
+                Ok(()) => Some(Ok(answer)),
+                Err(e) => {
+                    tracing::warn!(group = %group_id, "group not stored, answer withheld: {e}");
+                    Some(Err(kafka_error(&e)))
+                }
+            },
+        }
+    }
+}
+
 /// What to store after a change of the KIP-848 group `group_id`, which was `before`: nothing if
 /// its state is unchanged, its new state (JSON), or, when it is Empty now, its removal (from
 /// `groups` too; nothing to store if it had no members before either: a refused first join).
@@ -526,6 +642,16 @@ fn stored_group_state(group_id: &str, bytes: &[u8]) -> Option<GroupState> {
     serde_json::from_slice::<GroupState>(bytes)
         .map_err(|e| {
             tracing::error!(group = %group_id, "stored consumer group state unreadable, ignored: {e}");
+        })
+        .ok()
+}
+
+/// A classic group's stored record, read back; `None` (logged) if the bytes are not one: the
+/// group is then not restored and its members rejoin.
+fn stored_classic_record(group_id: &str, bytes: &[u8]) -> Option<ClassicGroupRecord> {
+    serde_json::from_slice::<ClassicGroupRecord>(bytes)
+        .map_err(|e| {
+            tracing::error!(group = %group_id, "stored classic group record unreadable, ignored: {e}");
         })
         .ok()
 }
@@ -740,7 +866,9 @@ impl Handler for KafkaCoordinator {
             }
             RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(self.sync_group(r, version).await),
             RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(self.heartbeat(r)),
-            RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(self.leave_group(r, version)),
+            RequestKind::LeaveGroup(r) => {
+                ResponseKind::LeaveGroup(self.leave_group(r, version).await)
+            }
             RequestKind::ListGroups(r) => {
                 ResponseKind::ListGroups(self.list_groups(r, version).await)
             }
@@ -901,6 +1029,11 @@ impl KafkaCoordinator {
                     format!("group {group_id} is a classic group"),
                 );
             }
+            // An Empty classic group's record goes before the group id changes protocol: a
+            // restart must not bring its members back beside this group's.
+            if let Err(e) = self.settle(&group_id).await {
+                return refuse(response, kafka_error(&e), e.to_string());
+            }
         }
         let topology = self.service.topology();
         let owned = r.topic_partitions.as_ref().map(|topics| {
@@ -936,7 +1069,8 @@ impl KafkaCoordinator {
         let topics = topic_sizes(topology);
         let changed = self
             .service
-            .consumer_group_change(
+            .group_state_change(
+                GroupProtocol::Consumer,
                 group_id.clone(),
                 || !self.consumer_groups().contains_key(&group_id),
                 |stored| {
@@ -963,6 +1097,7 @@ impl KafkaCoordinator {
                     let result = group.heartbeat(heartbeat, now);
                     (change_to_store(&mut groups, &group_id, before), result)
                 },
+                |_| {},
             )
             .await;
         let result = match changed {
@@ -1091,13 +1226,20 @@ impl KafkaCoordinator {
             response.error_code = code;
             return response;
         }
-        if self
-            .on_consumer_group(&group_id, |g| !g.is_empty())
-            .unwrap_or(false)
-        {
-            // The group's members use KIP-848's protocol; a classic member cannot join them.
-            response.error_code = ResponseError::InconsistentGroupProtocol.code();
-            return response;
+        match self.on_consumer_group(&group_id, |g| !g.is_empty()) {
+            Some(true) => {
+                // The group's members use KIP-848's protocol; a classic member cannot join them.
+                response.error_code = ResponseError::InconsistentGroupProtocol.code();
+                return response;
+            }
+            Some(false) => {
+                // An Empty KIP-848 group's state goes before the group id changes protocol.
+                if let Err(e) = self.sweep_consumer_group(&group_id).await {
+                    response.error_code = kafka_error(&e);
+                    return response;
+                }
+            }
+            None => {}
         }
         let rebalance_timeout_ms = if version >= 1 {
             r.rebalance_timeout_ms
@@ -1142,9 +1284,10 @@ impl KafkaCoordinator {
                 g.join_result(&member_id)
             })
             .await;
+        let answer = self.settled(&group_id, answer).await;
         match answer {
             None => response.error_code = ResponseError::RebalanceInProgress.code(),
-            Some(Err(e)) => response.error_code = group_code(&e),
+            Some(Err(code)) => response.error_code = code,
             Some(Ok(joined)) => {
                 tracing::info!(group = %group_id, member = %joined.member_id, generation = joined.generation,
                                leader = %joined.leader, "member joined");
@@ -1213,9 +1356,10 @@ impl KafkaCoordinator {
             .await;
         abandoned.answered = answer.is_some();
         drop(abandoned);
+        let answer = self.settled(&group_id, answer).await;
         match answer {
             None => response.error_code = ResponseError::RebalanceInProgress.code(),
-            Some(Err(e)) => response.error_code = group_code(&e),
+            Some(Err(code)) => response.error_code = code,
             Some(Ok(assignment)) => {
                 response.assignment = assignment.into();
                 if version >= 5 {
@@ -1330,6 +1474,9 @@ impl KafkaCoordinator {
     }
 
     async fn delete_group(&self, group_id: &str) -> i16 {
+        if let Err(e) = self.expire_and_settle(group_id).await {
+            return kafka_error(&e);
+        }
         let decision = self
             .service
             .delete_group_offsets(group_id.to_string(), |committed, pending| {
@@ -1378,6 +1525,10 @@ impl KafkaCoordinator {
             })
             .collect();
         let topology = self.service.topology();
+        if let Err(e) = self.expire_and_settle(&group_id).await {
+            response.error_code = kafka_error(&e);
+            return response;
+        }
         let decision = self
             .service
             .delete_group_offsets(group_id.clone(), |committed, pending| {
@@ -1511,7 +1662,7 @@ impl KafkaCoordinator {
         response
     }
 
-    fn leave_group(&self, r: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
+    async fn leave_group(&self, r: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
         let mut response = LeaveGroupResponse::default();
         let group_id = r.group_id.0.to_string();
         if let Err(code) = self.check_group(&group_id) {
@@ -1545,6 +1696,12 @@ impl KafkaCoordinator {
                     })
                     .collect()
             });
+        // The last member out: the group's record goes before the answer, so a restart does
+        // not bring the members back.
+        if let Err(e) = self.settle(&group_id).await {
+            response.error_code = kafka_error(&e);
+            return response;
+        }
         if version >= 3 {
             response.members = results
                 .into_iter()

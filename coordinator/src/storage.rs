@@ -78,6 +78,20 @@ pub const TXN_HISTORY_TREE: &str = "__transaction_history";
 /// Name of the sled tree holding the KIP-848 consumer groups' state
 /// ([`crate::consumer_protocol::GroupState`], as JSON), by group id.
 pub const CONSUMER_GROUP_TREE: &str = "__consumer_group_state";
+/// Name of the sled tree holding the classic groups' last Stable generation
+/// ([`crate::consumer_groups::ClassicGroupRecord`], JSON), key = the group id's bytes.
+pub const CLASSIC_GROUP_TREE: &str = "__classic_group_state";
+
+/// Which protocol's membership a stored group state is: each has a tree of its own, so a
+/// group id that moves from one protocol to the other never has one's record read as the
+/// other's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum GroupProtocol {
+    /// Classic groups (JoinGroup/SyncGroup): [`CLASSIC_GROUP_TREE`].
+    Classic,
+    /// KIP-848 consumer groups: [`CONSUMER_GROUP_TREE`].
+    Consumer,
+}
 /// Name of the sled tree holding the generation and the PID block.
 pub const META_TREE: &str = "__coordinator_meta";
 const GENERATION_KEY: &[u8] = b"generation";
@@ -214,13 +228,23 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<(), StorageError>;
     /// Every group with committed offsets, each once (in no particular order).
     fn offset_groups(&self) -> Result<Vec<String>, StorageError>;
-    /// Stores a KIP-848 group's state (`None`: removes it, the group is empty); durable when
-    /// this returns.
-    fn put_consumer_group(&self, group: &str, state: Option<&[u8]>) -> Result<(), StorageError>;
-    /// A KIP-848 group's stored state.
-    fn consumer_group(&self, group: &str) -> Result<Option<Vec<u8>>, StorageError>;
-    /// Every stored KIP-848 group's state, by group id.
-    fn consumer_groups(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError>;
+    /// Stores a group's membership state of `protocol` (`None`: removes it, the group is
+    /// empty); durable when this returns.
+    fn put_group_state(
+        &self,
+        protocol: GroupProtocol,
+        group: &str,
+        state: Option<&[u8]>,
+    ) -> Result<(), StorageError>;
+    /// A group's stored membership state of `protocol`.
+    fn group_state(
+        &self,
+        protocol: GroupProtocol,
+        group: &str,
+    ) -> Result<Option<Vec<u8>>, StorageError>;
+    /// Every stored group membership state of `protocol`, by group id.
+    fn group_states(&self, protocol: GroupProtocol)
+        -> Result<Vec<(String, Vec<u8>)>, StorageError>;
     /// Flushes everything (at shutdown).
     fn flush(&self) -> Result<(), StorageError>;
 }
@@ -236,6 +260,7 @@ pub struct SledStorage {
     pending: sled::Tree,
     meta: sled::Tree,
     consumer_groups: sled::Tree,
+    classic_groups: sled::Tree,
     /// Per id, the newest history record known to be stored (filled by [`Storage::load`],
     /// kept by the writes): a write that changed no epoch then skips the record without
     /// reading sled. An id missing here has its newest record written again (same bytes).
@@ -256,6 +281,7 @@ impl SledStorage {
             pending: db.open_tree(PENDING_OFFSETS_TREE)?,
             meta: db.open_tree(META_TREE)?,
             consumer_groups: db.open_tree(CONSUMER_GROUP_TREE)?,
+            classic_groups: db.open_tree(CLASSIC_GROUP_TREE)?,
             stored_history: Arc::default(),
             db,
         })
@@ -289,6 +315,14 @@ impl SledStorage {
             Some(serde_json::to_vec(&**last)?),
         ));
         Ok(Some(last.seq))
+    }
+
+    /// The tree of `protocol`'s group states.
+    fn group_tree(&self, protocol: GroupProtocol) -> &sled::Tree {
+        match protocol {
+            GroupProtocol::Classic => &self.classic_groups,
+            GroupProtocol::Consumer => &self.consumer_groups,
+        }
     }
 
     fn read_i64(&self, key: &[u8]) -> Result<i64, StorageError> {
@@ -834,23 +868,36 @@ impl Storage for SledStorage {
         Ok(groups)
     }
 
-    fn put_consumer_group(&self, group: &str, state: Option<&[u8]>) -> Result<(), StorageError> {
+    fn put_group_state(
+        &self,
+        protocol: GroupProtocol,
+        group: &str,
+        state: Option<&[u8]>,
+    ) -> Result<(), StorageError> {
+        let tree = self.group_tree(protocol);
         match state {
-            Some(state) => self.consumer_groups.insert(group.as_bytes(), state)?,
-            None => self.consumer_groups.remove(group.as_bytes())?,
+            Some(state) => tree.insert(group.as_bytes(), state)?,
+            None => tree.remove(group.as_bytes())?,
         };
         self.durable()
     }
 
-    fn consumer_group(&self, group: &str) -> Result<Option<Vec<u8>>, StorageError> {
+    fn group_state(
+        &self,
+        protocol: GroupProtocol,
+        group: &str,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
         Ok(self
-            .consumer_groups
+            .group_tree(protocol)
             .get(group.as_bytes())?
             .map(|v| v.to_vec()))
     }
 
-    fn consumer_groups(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
-        self.consumer_groups
+    fn group_states(
+        &self,
+        protocol: GroupProtocol,
+    ) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        self.group_tree(protocol)
             .iter()
             .map(|entry| {
                 let (key, value) = entry?;
@@ -880,8 +927,8 @@ struct MemoryState {
     pid_block_end: i64,
     /// (group, PID, partition, epoch) -> recorded ms.
     pending: BTreeMap<(String, ProducerId, TopicPartition, ProducerEpoch), i64>,
-    /// KIP-848 groups' state.
-    consumer_groups: BTreeMap<String, Vec<u8>>,
+    /// Groups' membership states.
+    group_states: BTreeMap<(GroupProtocol, String), Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -1062,23 +1109,37 @@ impl Storage for MemoryStorage {
         }))
     }
 
-    fn put_consumer_group(&self, group: &str, state: Option<&[u8]>) -> Result<(), StorageError> {
+    fn put_group_state(
+        &self,
+        protocol: GroupProtocol,
+        group: &str,
+        state: Option<&[u8]>,
+    ) -> Result<(), StorageError> {
+        let key = (protocol, group.to_string());
         self.with(|s| match state {
-            Some(state) => s.consumer_groups.insert(group.to_string(), state.to_vec()),
-            None => s.consumer_groups.remove(group),
+            Some(state) => s.group_states.insert(key, state.to_vec()),
+            None => s.group_states.remove(&key),
         });
         Ok(())
     }
 
-    fn consumer_group(&self, group: &str) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self.with(|s| s.consumer_groups.get(group).cloned()))
+    fn group_state(
+        &self,
+        protocol: GroupProtocol,
+        group: &str,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.with(|s| s.group_states.get(&(protocol, group.to_string())).cloned()))
     }
 
-    fn consumer_groups(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+    fn group_states(
+        &self,
+        protocol: GroupProtocol,
+    ) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
         Ok(self.with(|s| {
-            s.consumer_groups
+            s.group_states
                 .iter()
-                .map(|(g, v)| (g.clone(), v.clone()))
+                .filter(|((p, _), _)| *p == protocol)
+                .map(|((_, g), v)| (g.clone(), v.clone()))
                 .collect()
         }))
     }
@@ -1203,35 +1264,62 @@ mod tests {
 
     /// Groups are listed once each, in order, whatever their names (one a prefix of another,
     /// bytes at their maximum).
-    /// KIP-848 group state: stored, replaced, removed, and kept across a reopen.
-    fn consumer_group_state(store: &dyn Storage) {
-        assert_eq!(store.consumer_group("g").unwrap(), None);
-        store.put_consumer_group("g", Some(b"one")).unwrap();
-        store.put_consumer_group("h", Some(b"other")).unwrap();
-        store.put_consumer_group("g", Some(b"two")).unwrap();
+    /// Group states: stored, replaced, removed, kept apart per protocol, and kept across a
+    /// reopen.
+    fn group_state(store: &dyn Storage) {
+        use GroupProtocol::{Classic, Consumer};
+        assert_eq!(store.group_state(Consumer, "g").unwrap(), None);
+        store.put_group_state(Consumer, "g", Some(b"one")).unwrap();
+        store
+            .put_group_state(Consumer, "h", Some(b"other"))
+            .unwrap();
+        store.put_group_state(Consumer, "g", Some(b"two")).unwrap();
+        store
+            .put_group_state(Classic, "g", Some(b"classic"))
+            .unwrap();
         assert_eq!(
-            store.consumer_group("g").unwrap().as_deref(),
+            store.group_state(Consumer, "g").unwrap().as_deref(),
             Some(&b"two"[..])
         );
-        store.put_consumer_group("h", None).unwrap();
-        assert_eq!(store.consumer_group("h").unwrap(), None);
+        store.put_group_state(Consumer, "h", None).unwrap();
+        assert_eq!(store.group_state(Consumer, "h").unwrap(), None);
         assert_eq!(
-            store.consumer_groups().unwrap(),
+            store.group_states(Consumer).unwrap(),
             vec![("g".to_string(), b"two".to_vec())]
+        );
+        assert_eq!(
+            store.group_states(Classic).unwrap(),
+            vec![("g".to_string(), b"classic".to_vec())]
+        );
+        store.put_group_state(Classic, "g", None).unwrap();
+        assert_eq!(
+            store.group_state(Consumer, "g").unwrap().as_deref(),
+            Some(&b"two"[..]),
+            "one protocol's removal leaves the other's state"
         );
     }
 
     #[test]
-    fn consumer_group_state_both_engines_and_across_a_reopen() {
-        consumer_group_state(&MemoryStorage::new());
+    fn group_state_both_engines_and_across_a_reopen() {
+        group_state(&MemoryStorage::new());
         let dir = tempfile::tempdir().unwrap();
-        consumer_group_state(&SledStorage::open(dir.path()).unwrap());
+        group_state(&SledStorage::open(dir.path()).unwrap());
         let reopened = SledStorage::open(dir.path()).unwrap();
         assert_eq!(
-            reopened.consumer_group("g").unwrap().as_deref(),
+            reopened
+                .group_state(GroupProtocol::Consumer, "g")
+                .unwrap()
+                .as_deref(),
             Some(&b"two"[..])
         );
-        assert_eq!(reopened.consumer_group("h").unwrap(), None);
+        assert_eq!(
+            reopened.group_state(GroupProtocol::Consumer, "h").unwrap(),
+            None
+        );
+        assert_eq!(
+            reopened.group_state(GroupProtocol::Classic, "g").unwrap(),
+            None
+        );
     }
 
     #[test]

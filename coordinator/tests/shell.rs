@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use coordinator::core::{GroupMarkerFence, GroupMarkerWrite, PendingOffsets, TxnMetadata};
-use coordinator::storage::{MemoryStorage, Snapshot, Storage, StorageError};
+use coordinator::storage::{GroupProtocol, MemoryStorage, Snapshot, Storage, StorageError};
 use proto::{ErrorCode, TxnState};
 use testkit::kafka::{delete_groups, list_groups, offset_delete};
 
@@ -168,15 +168,27 @@ impl Storage for TestStorage {
     fn offset_groups(&self) -> Result<Vec<String>, StorageError> {
         self.inner.offset_groups()
     }
-    fn put_consumer_group(&self, group: &str, state: Option<&[u8]>) -> Result<(), StorageError> {
+    fn put_group_state(
+        &self,
+        protocol: GroupProtocol,
+        group: &str,
+        state: Option<&[u8]>,
+    ) -> Result<(), StorageError> {
         self.check()?;
-        self.inner.put_consumer_group(group, state)
+        self.inner.put_group_state(protocol, group, state)
     }
-    fn consumer_group(&self, group: &str) -> Result<Option<Vec<u8>>, StorageError> {
-        self.inner.consumer_group(group)
+    fn group_state(
+        &self,
+        protocol: GroupProtocol,
+        group: &str,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        self.inner.group_state(protocol, group)
     }
-    fn consumer_groups(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
-        self.inner.consumer_groups()
+    fn group_states(
+        &self,
+        protocol: GroupProtocol,
+    ) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        self.inner.group_states(protocol)
     }
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
         let offsets = self.inner.group_offsets(group);

@@ -1348,7 +1348,7 @@ enum CtpFault {
     /// Kill processor A (no LeaveGroup, maybe an open transaction) and start its replacement.
     KillProcessor,
     /// Kill the group's coordinator (in-process: every task of the node stops at once) and
-    /// restart it: the group's membership is gone, transactions may be open.
+    /// restart it: transactions may be open; the group's stored membership is restored.
     RestartGroupCoordinator,
     /// Kill the leader of `output` partition 0 and restart it: produce requests and markers
     /// to it fail meanwhile, transactions are open.
@@ -1429,8 +1429,16 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
     )
     .await;
     a.committed_at_least(100).await;
-    // When A was told to stop (seconds since the epoch), for RollingRestartStatic.
-    let mut a_stopped_at: Option<f64> = None;
+    // From when (seconds since the epoch) which processors (indices into `processors`) must
+    // not be revoked anything: B from A's stop on in a rolling restart of static members;
+    // both from the coordinator's restart on (the group is restored, nobody rebalances).
+    let mut calm_since: Option<(f64, Vec<usize>)> = None;
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
     let processors = match fault {
         CtpFault::KillProcessor => {
             // The input is still flowing, so the replacement has work once the group gives it
@@ -1449,6 +1457,7 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
                 cluster.coordinator_for("processor-b"),
             ];
             eprintln!("restarting node {node}, the group's coordinator (the processors' transactions are on {txn_nodes:?})");
+            calm_since = Some((now(), vec![0, 1]));
             cluster.kill(node).await.unwrap();
             cluster.restart(node).await.unwrap();
             // Both go on committing once they rejoined the restarted coordinator's group.
@@ -1474,12 +1483,8 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
         CtpFault::RollingRestartStatic => {
             // Both hold partitions and commit; from A's stop on, B must lose nothing.
             b.committed_at_least(1).await;
-            a_stopped_at = Some(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_secs_f64(),
-            );
+            // processors = [b, a2]: B loses nothing from A's stop on.
+            calm_since = Some((now(), vec![0]));
             std::fs::write(&stop_a, b"stop").unwrap();
             let a_report = a.finish().await;
             eprintln!("processor-a stopped: {a_report}");
@@ -1531,20 +1536,21 @@ async fn consume_transform_produce_through(fault: CtpFault, protocol: GroupProto
     for p in processors {
         reports.push(p.finish().await);
     }
-    if let Some(a_stopped) = a_stopped_at {
-        // processors = [b, a2]: B lost nothing from A's stop on.
-        let late: Vec<f64> = reports[0]["revoked_at"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(Value::as_f64)
-            .filter(|t| *t >= a_stopped)
-            .collect();
-        assert!(
-            late.is_empty(),
-            "B was revoked partitions during A's rolling restart at {late:?} (A stopped at \
-             {a_stopped}): {reports:?}"
-        );
+    if let Some((since, calm)) = calm_since {
+        for i in calm {
+            let late: Vec<f64> = reports[i]["revoked_at"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_f64)
+                .filter(|t| *t >= since)
+                .collect();
+            assert!(
+                late.is_empty(),
+                "processor {i} was revoked partitions at {late:?}, after {since} (the fault): \
+                 {reports:?}"
+            );
+        }
     }
 
     assert_output_exactly_once(&cluster, &expected, &format!("{reports:?}")).await;
@@ -1596,7 +1602,8 @@ async fn confluent_kafka_consume_transform_produce_with_a_group_fences_a_paused_
 }
 
 /// KIP-848 consumers through a restart of the group's coordinator: the restarted coordinator
-/// restores the group's stored membership, and the processors go on exactly once.
+/// restores the group's stored membership, and the processors go on exactly once, neither
+/// revoked anything from the restart on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_consume_transform_produce_with_a_kip848_group_survives_a_coordinator_restart(
 ) {
@@ -1610,10 +1617,10 @@ async fn confluent_kafka_consume_transform_produce_with_a_group_survives_a_kille
 }
 
 /// The same through a restart of the group's coordinator (in the embedded topology also
-/// processor-b's transaction coordinator, so a transaction is open there too): librdkafka's
-/// consumers rejoin a group that starts over (new member ids, generation 1), their
-/// send_offsets_to_transaction from the old membership is UNKNOWN_MEMBER_ID, the processors
-/// abort and rewind, and still nothing is lost or duplicated.
+/// processor-b's transaction coordinator, so a transaction is open there too): the restarted
+/// coordinator restores the group's stored generation, librdkafka's consumers go on in it
+/// without a rebalance (neither is revoked anything from the restart on), and nothing is lost
+/// or duplicated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confluent_kafka_consume_transform_produce_survives_a_restart_of_the_groups_coordinator() {
     consume_transform_produce_through(CtpFault::RestartGroupCoordinator, GroupProtocol::Classic)
@@ -2107,11 +2114,12 @@ async fn consumers_joining_a_new_group_together_share_its_first_rebalance() {
     cluster.shutdown().await.unwrap();
 }
 
-/// A consumer that was a member before its group's coordinator restarted, and is still alive
-/// (a zombie: paused, cut off), commits with the member id and generation it had. The
-/// restarted coordinator's group starts over at generation 1 and hands a new consumer the
-/// same generation; its member id must differ, or the zombie's commit would pass the group's
-/// check and overwrite the live member's offset.
+/// A consumer that was the last member of its group, removed before the group's coordinator
+/// restarted (here by its LeaveGroup; a session that ran out is the same), and is still alive
+/// (a zombie: paused, cut off), commits with the member id and generation it had. The group
+/// was Empty, so nothing of it was stored: the restarted coordinator's group starts over at
+/// generation 1 and hands a new consumer the same generation; its member id must differ, or
+/// the zombie's commit would pass the group's check and overwrite the live member's offset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_group_member_from_before_a_coordinator_restart_is_fenced() {
     use kafka_protocol::messages::*;
@@ -2184,6 +2192,20 @@ async fn a_group_member_from_before_a_coordinator_restart_is_fenced() {
     );
     sync(zombie.clone(), 1).await;
     assert_eq!(commit(zombie.clone(), 1, 5).await, 0);
+    let mut leave = LeaveGroupRequest::default();
+    leave.group_id = GroupId(s(group));
+    leave.member_id = s(&zombie);
+    let ResponseKind::LeaveGroup(left) = kafka_call(
+        coordinator,
+        ApiKey::LeaveGroup,
+        1,
+        RequestKind::LeaveGroup(leave),
+    )
+    .await
+    else {
+        panic!("LeaveGroup response")
+    };
+    assert_eq!(left.error_code, 0);
 
     cluster.kill(node).await.unwrap();
     cluster.restart(node).await.unwrap();
@@ -2201,6 +2223,266 @@ async fn a_group_member_from_before_a_coordinator_restart_is_fenced() {
         offset_fetch_v7(coordinator, group, false).await,
         (0, (0, 7)),
         "the live member's offset, never the zombie's"
+    );
+    cluster.shutdown().await.unwrap();
+}
+
+/// Kills `node` (every task of it stops at once) and starts it again.
+async fn restart_node(cluster: &mut minibroker::EmbeddedCluster, node: cluster::NodeId) {
+    cluster.kill(node).await.unwrap();
+    cluster.restart(node).await.unwrap();
+}
+
+/// A classic group's membership is stored, as Kafka stores its GroupMetadata: after its
+/// coordinator restarts (killed: every task of the node stops at once), the group goes on at
+/// the generation it had, without a rebalance. A (dynamic, the leader) and B (static) are
+/// Stable at generation 1; after the restart the group is described Stable with both members
+/// and their assignments before anyone heartbeats, both heartbeat at generation 1, B's
+/// SyncGroup gets its assignment again, and commits at generation 1 are taken, while an older
+/// generation is ILLEGAL_GENERATION and an unknown member UNKNOWN_MEMBER_ID. B's next process
+/// replaces it in place (KIP-345, no rebalance); that replacement is stored before its
+/// JoinGroup is answered, so after a second restart the old B is still FENCED_INSTANCE_ID.
+/// Once both members left, the group's record is gone: after a third restart A is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn classic_membership_survives_a_coordinator_restart() {
+    use kafka_protocol::messages::*;
+    const ILLEGAL_GENERATION: i16 = 22;
+    const UNKNOWN_MEMBER_ID: i16 = 25;
+    const FENCED_INSTANCE_ID: i16 = 82;
+    let mut cluster = cluster().await;
+    let group = "classic-restart";
+    let node = cluster.coordinator_for(group);
+    let s = str_bytes;
+    let addr = |cluster: &minibroker::EmbeddedCluster| cluster.kafka_address(node).unwrap();
+    // JoinGroup v5 as a new member: dynamic (v5 would first hand out an id: v3 here), or
+    // static under `instance` (its id at once).
+    let join = |coordinator, instance: Option<&'static str>| async move {
+        let RequestKind::JoinGroup(mut j) = join_group(group, "") else {
+            unreachable!()
+        };
+        j.group_instance_id = instance.map(s);
+        let version = if instance.is_some() { 5 } else { 3 };
+        let ResponseKind::JoinGroup(r) = kafka_call(
+            coordinator,
+            ApiKey::JoinGroup,
+            version,
+            RequestKind::JoinGroup(j),
+        )
+        .await
+        else {
+            panic!("JoinGroup response")
+        };
+        assert_eq!(r.error_code, 0, "JoinGroup");
+        r
+    };
+    let sync = |coordinator,
+                member: String,
+                instance: Option<&'static str>,
+                assignments: Vec<(String, &'static [u8])>| async move {
+        let mut r = SyncGroupRequest::default();
+        r.group_id = GroupId(s(group));
+        r.member_id = s(&member);
+        r.generation_id = 1;
+        r.group_instance_id = instance.map(s);
+        r.assignments = assignments
+            .into_iter()
+            .map(|(id, bytes)| {
+                let mut a = sync_group_request::SyncGroupRequestAssignment::default();
+                a.member_id = s(&id);
+                a.assignment = bytes::Bytes::from_static(bytes);
+                a
+            })
+            .collect();
+        let ResponseKind::SyncGroup(r) =
+            kafka_call(coordinator, ApiKey::SyncGroup, 3, RequestKind::SyncGroup(r)).await
+        else {
+            panic!("SyncGroup response")
+        };
+        (r.error_code, r.assignment.to_vec())
+    };
+    let heartbeat = |coordinator, member: String, instance: Option<&'static str>, generation| async move {
+        let mut h = HeartbeatRequest::default();
+        h.group_id = GroupId(s(group));
+        h.member_id = s(&member);
+        h.generation_id = generation;
+        h.group_instance_id = instance.map(s);
+        let ResponseKind::Heartbeat(r) =
+            kafka_call(coordinator, ApiKey::Heartbeat, 3, RequestKind::Heartbeat(h)).await
+        else {
+            panic!("Heartbeat response")
+        };
+        r.error_code
+    };
+    let commit = |coordinator, member: String, generation: i32, offset: i64| async move {
+        let mut c = OffsetCommitRequest::default();
+        c.group_id = GroupId(s(group));
+        c.member_id = s(&member);
+        c.generation_id_or_member_epoch = generation;
+        let mut t = offset_commit_request::OffsetCommitRequestTopic::default();
+        t.name = TopicName(s("input"));
+        let mut p = offset_commit_request::OffsetCommitRequestPartition::default();
+        p.partition_index = 0;
+        p.committed_offset = offset;
+        t.partitions = vec![p];
+        c.topics = vec![t];
+        let ResponseKind::OffsetCommit(r) = kafka_call(
+            coordinator,
+            ApiKey::OffsetCommit,
+            8,
+            RequestKind::OffsetCommit(c),
+        )
+        .await
+        else {
+            panic!("OffsetCommit response")
+        };
+        r.topics[0].partitions[0].error_code
+    };
+    // Described once the restarted coordinator serves: (state, [(member id, assignment)]).
+    let describe = |coordinator| async move {
+        testkit::poll::eventually_within(Duration::from_secs(30), "the group described", || async {
+            let mut r = DescribeGroupsRequest::default();
+            r.groups = vec![GroupId(s(group))];
+            let ResponseKind::DescribeGroups(d) = kafka_call(
+                coordinator,
+                ApiKey::DescribeGroups,
+                5,
+                RequestKind::DescribeGroups(r),
+            )
+            .await
+            else {
+                panic!("DescribeGroups response")
+            };
+            let g = d.groups.into_iter().next()?;
+            (g.error_code == 0).then(|| {
+                let mut members: Vec<(String, Vec<u8>)> = g
+                    .members
+                    .iter()
+                    .map(|m| (m.member_id.to_string(), m.member_assignment.to_vec()))
+                    .collect();
+                members.sort();
+                (g.group_state.to_string(), members)
+            })
+        })
+        .await
+    };
+
+    let coordinator = addr(&cluster);
+    let a_joins = tokio::spawn(join(coordinator, None));
+    let b = join(coordinator, Some("b-instance")).await;
+    let a = a_joins.await.unwrap();
+    assert_eq!(
+        (a.generation_id, b.generation_id),
+        (1, 1),
+        "one round for both"
+    );
+    let (a_id, b_id) = (a.member_id.to_string(), b.member_id.to_string());
+    let leader = a.leader.to_string();
+    let (leader_instance, follower, follower_instance) = if leader == a_id {
+        (None, b_id.clone(), Some("b-instance"))
+    } else {
+        (Some("b-instance"), a_id.clone(), None)
+    };
+    let assignments = vec![(a_id.clone(), &b"pa"[..]), (b_id.clone(), &b"pb"[..])];
+    let (code, _) = sync(coordinator, leader.clone(), leader_instance, assignments).await;
+    assert_eq!(code, 0);
+    let (code, _) = sync(coordinator, follower.clone(), follower_instance, vec![]).await;
+    assert_eq!(code, 0);
+    assert_eq!(commit(coordinator, a_id.clone(), 1, 5).await, 0);
+
+    restart_node(&mut cluster, node).await;
+    let coordinator = addr(&cluster);
+    let mut expected = vec![
+        (a_id.clone(), b"pa".to_vec()),
+        (b_id.clone(), b"pb".to_vec()),
+    ];
+    expected.sort();
+    assert_eq!(
+        describe(coordinator).await,
+        ("Stable".to_string(), expected),
+        "restored before anyone heartbeats"
+    );
+    assert_eq!(heartbeat(coordinator, a_id.clone(), None, 1).await, 0);
+    assert_eq!(
+        heartbeat(coordinator, b_id.clone(), Some("b-instance"), 1).await,
+        0
+    );
+    assert_eq!(
+        sync(coordinator, b_id.clone(), Some("b-instance"), vec![]).await,
+        (0, b"pb".to_vec())
+    );
+    assert_eq!(commit(coordinator, b_id.clone(), 1, 7).await, 0);
+    assert_eq!(
+        commit(coordinator, a_id.clone(), 0, 9).await,
+        ILLEGAL_GENERATION
+    );
+    assert_eq!(
+        commit(coordinator, "a-zombie".into(), 1, 9).await,
+        UNKNOWN_MEMBER_ID
+    );
+    assert_eq!(
+        offset_fetch_v7(coordinator, group, false).await,
+        (0, (0, 7)),
+        "the members' commits, never the refused ones"
+    );
+
+    // B's next process takes its place: no round, the same generation.
+    let b2 = join(coordinator, Some("b-instance")).await;
+    assert_eq!(b2.generation_id, 1, "replaced in place, no rebalance");
+    let b2_id = b2.member_id.to_string();
+    assert_ne!(b2_id, b_id);
+    restart_node(&mut cluster, node).await;
+    let coordinator = addr(&cluster);
+    let mut expected = vec![
+        (a_id.clone(), b"pa".to_vec()),
+        (b2_id.clone(), b"pb".to_vec()),
+    ];
+    expected.sort();
+    assert_eq!(
+        describe(coordinator).await,
+        ("Stable".to_string(), expected)
+    );
+    assert_eq!(
+        heartbeat(coordinator, b_id.clone(), Some("b-instance"), 1).await,
+        FENCED_INSTANCE_ID,
+        "the replaced instance stays fenced across the restart"
+    );
+    assert_eq!(
+        heartbeat(coordinator, b2_id.clone(), Some("b-instance"), 1).await,
+        0
+    );
+    assert_eq!(heartbeat(coordinator, a_id.clone(), None, 1).await, 0);
+
+    // Both leave: the group is Empty and its record goes before the answer.
+    let mut leave = LeaveGroupRequest::default();
+    leave.group_id = GroupId(s(group));
+    leave.members = [(a_id.clone(), None), (b2_id.clone(), Some("b-instance"))]
+        .into_iter()
+        .map(|(id, instance)| {
+            let mut m = leave_group_request::MemberIdentity::default();
+            m.member_id = s(&id);
+            m.group_instance_id = instance.map(s);
+            m
+        })
+        .collect();
+    let ResponseKind::LeaveGroup(left) = kafka_call(
+        coordinator,
+        ApiKey::LeaveGroup,
+        3,
+        RequestKind::LeaveGroup(leave),
+    )
+    .await
+    else {
+        panic!("LeaveGroup response")
+    };
+    assert_eq!(left.error_code, 0);
+    assert!(left.members.iter().all(|m| m.error_code == 0), "{left:?}");
+    restart_node(&mut cluster, node).await;
+    let coordinator = addr(&cluster);
+    let (_, members) = describe(coordinator).await;
+    assert!(members.is_empty(), "{members:?}");
+    assert_eq!(
+        heartbeat(coordinator, a_id.clone(), None, 1).await,
+        UNKNOWN_MEMBER_ID
     );
     cluster.shutdown().await.unwrap();
 }

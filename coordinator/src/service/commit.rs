@@ -417,7 +417,7 @@ mod tests {
 
     use super::*;
     use crate::core::{GroupMarkerFence, GroupMarkerWrite, PendingOffsets};
-    use crate::storage::{MemoryStorage, Snapshot};
+    use crate::storage::{GroupProtocol, MemoryStorage, Snapshot};
     use cluster::{NodeId, ProducerId};
 
     /// Memory storage that records each batch's size (flushed, and written without a flush);
@@ -528,18 +528,26 @@ mod tests {
         fn offset_groups(&self) -> Result<Vec<String>, StorageError> {
             self.inner.offset_groups()
         }
-        fn put_consumer_group(
+        fn put_group_state(
             &self,
+            protocol: GroupProtocol,
             group: &str,
             state: Option<&[u8]>,
         ) -> Result<(), StorageError> {
-            self.inner.put_consumer_group(group, state)
+            self.inner.put_group_state(protocol, group, state)
         }
-        fn consumer_group(&self, group: &str) -> Result<Option<Vec<u8>>, StorageError> {
-            self.inner.consumer_group(group)
+        fn group_state(
+            &self,
+            protocol: GroupProtocol,
+            group: &str,
+        ) -> Result<Option<Vec<u8>>, StorageError> {
+            self.inner.group_state(protocol, group)
         }
-        fn consumer_groups(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
-            self.inner.consumer_groups()
+        fn group_states(
+            &self,
+            protocol: GroupProtocol,
+        ) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+            self.inner.group_states(protocol)
         }
         fn flush(&self) -> Result<(), StorageError> {
             Ok(())

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use super::{wire, Shared};
 use crate::core::{self, GroupMarker};
 use crate::error::code_of;
-use crate::storage::PendingTxnOffset;
+use crate::storage::{GroupProtocol, PendingTxnOffset};
 use crate::Error;
 
 impl Shared {
@@ -388,48 +388,56 @@ impl Shared {
         Ok(answer)
     }
 
-    /// One change of the KIP-848 group `group`, under the group's write lock, so that the
-    /// changes reach storage in the order they were made: `change` gets the group's stored
-    /// state (read from storage only when `needs_load`, asked under the lock, says the caller
-    /// does not hold the group in memory) and returns what to store (`Some(Some(state))`,
-    /// `Some(None)` to remove it, `None` for nothing) with its answer, which is returned once
-    /// what it stored is durable.
-    pub(super) async fn consumer_group_change<T>(
+    /// One change of the group `group`'s membership of `protocol`, under the group's write
+    /// lock, so that the changes reach storage in the order they were made: `change` gets the
+    /// group's stored state (read from storage only when `needs_load`, asked under the lock,
+    /// says the caller does not hold the group in memory) and returns what to store
+    /// (`Some(Some(state))`, `Some(None)` to remove it, `None` for nothing) with its answer,
+    /// which is returned once what it stored is durable; `written` gets the answer under the
+    /// lock once a write is durable (a caller that keeps what storage holds updates it there,
+    /// before any other change of the group is written).
+    pub(super) async fn group_state_change<T>(
         &self,
+        protocol: GroupProtocol,
         group: String,
         needs_load: impl FnOnce() -> bool,
         change: impl FnOnce(Option<Vec<u8>>) -> (Option<Option<Vec<u8>>>, T),
+        written: impl FnOnce(&T),
     ) -> Result<T, Error> {
         self.check_owner(&group)?;
-        let _guard = self.consumer_group_writes.lock(&group).await;
+        let _guard = self.group_state_writes.lock(&group).await;
         let stored = if needs_load() {
             let g = group.clone();
-            self.blocking(move |st| st.consumer_group(&g)).await?
+            self.blocking(move |st| st.group_state(protocol, &g))
+                .await?
         } else {
             None
         };
         let (write, answer) = change(stored);
         if let Some(state) = write {
-            self.blocking(move |st| st.put_consumer_group(&group, state.as_deref()))
+            self.blocking(move |st| st.put_group_state(protocol, &group, state.as_deref()))
                 .await?;
+            written(&answer);
         }
         Ok(answer)
     }
 
-    /// The stored state of every KIP-848 group this node coordinates, each taken under the
-    /// group's write lock by `restore` (which gets the group id and its state and keeps what
-    /// it does not hold already).
-    pub(super) async fn restore_consumer_groups(
+    /// The stored membership state of every group of `protocol` this node coordinates (by the
+    /// topology: this runs at start, before the node serves), each taken under the group's
+    /// write lock by `restore` (which gets the group id and its state and keeps what it does
+    /// not hold already). How many were handed over.
+    pub(super) async fn restore_group_states(
         &self,
+        protocol: GroupProtocol,
         mut restore: impl FnMut(&str, Vec<u8>),
     ) -> Result<usize, Error> {
-        let stored = self.blocking(|st| st.consumer_groups()).await?;
+        let stored = self.blocking(move |st| st.group_states(protocol)).await?;
         let mut restored = 0;
         for (group, state) in stored {
-            if self.check_owner(&group).is_err() {
+            if self.topology.coordinator_for(&group).id != self.node_id {
                 continue;
             }
-            let _guard = self.consumer_group_writes.lock(&group).await;
+            let _guard = self.group_state_writes.lock(&group).await;
             restore(&group, state);
             restored += 1;
         }

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::{grpc, wire, Shared};
 use crate::core::ProducerIdAndEpoch;
+use crate::storage::GroupProtocol;
 use crate::Error;
 
 /// What the Kafka face calls, in-process.
@@ -157,26 +158,29 @@ impl LocalService {
         self.shared.delete_group_offsets(group, decide).await
     }
 
-    /// One change of a KIP-848 group, stored before its answer is returned (see `Shared`'s
-    /// `consumer_group_change`).
-    pub(crate) async fn consumer_group_change<T>(
+    /// One change of a group's membership of `protocol`, stored before its answer is returned
+    /// (see `Shared`'s `group_state_change`).
+    pub(crate) async fn group_state_change<T>(
         &self,
+        protocol: GroupProtocol,
         group: String,
         needs_load: impl FnOnce() -> bool,
         change: impl FnOnce(Option<Vec<u8>>) -> (Option<Option<Vec<u8>>>, T),
+        written: impl FnOnce(&T),
     ) -> Result<T, Error> {
         self.shared
-            .consumer_group_change(group, needs_load, change)
+            .group_state_change(protocol, group, needs_load, change, written)
             .await
     }
 
-    /// Hands every stored KIP-848 group this node coordinates to `restore` (see `Shared`'s
-    /// `restore_consumer_groups`); how many.
-    pub(crate) async fn restore_consumer_groups(
+    /// Hands every stored group membership of `protocol` this node coordinates to `restore`
+    /// (see `Shared`'s `restore_group_states`); how many.
+    pub(crate) async fn restore_group_states(
         &self,
+        protocol: GroupProtocol,
         restore: impl FnMut(&str, Vec<u8>),
     ) -> Result<usize, Error> {
-        self.shared.restore_consumer_groups(restore).await
+        self.shared.restore_group_states(protocol, restore).await
     }
 
     /// The groups with committed offsets that this node coordinates.

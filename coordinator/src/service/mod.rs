@@ -308,7 +308,7 @@ async fn serve_inner(
         loaded: AtomicBool::new(false),
         txns: Mutex::new(HashMap::new()),
         groups: keyed_lock::KeyedLocks::default(),
-        consumer_group_writes: keyed_lock::KeyedLocks::default(),
+        group_state_writes: keyed_lock::KeyedLocks::default(),
         pending_txn_offsets: Mutex::new(crate::core::PendingTxnOffsets::default()),
         pending_writes: keyed_lock::KeyedLocks::default(),
         pids: tokio::sync::Mutex::new(None),
@@ -374,7 +374,17 @@ async fn serve_inner(
     let peers = shared.clone();
     shared.spawn(async move { peers.check_peers().await });
 
-    let loaded = shared.load().await;
+    // The groups are restored before the node serves, as Kafka's coordinator loads
+    // `__consumer_offsets` before it answers for a group.
+    let face = kafka_face.clone();
+    let loaded = shared
+        .load(async move {
+            match face {
+                Some(face) => face.restore_groups().await,
+                None => Ok(()),
+            }
+        })
+        .await;
     if let Err(e) = &loaded {
         error!(node_id = shared.node_id, error = %e, "loading transaction state failed; stopping");
         let _ = shared.stop.send(true);
@@ -398,11 +408,6 @@ async fn serve_inner(
         });
         let scan = shared.clone();
         shared.spawn(async move { scan.timeout_scan().await });
-        if let Some(face) = kafka_face {
-            // KIP-848 groups go on where they were (a heartbeat restores its group itself if
-            // it comes first).
-            shared.spawn(async move { face.restore_consumer_groups().await });
-        }
     }
 
     let served = match server.await {
@@ -472,9 +477,9 @@ struct Shared {
     /// Per-group locks serialising the group markers this node applies (see the module docs);
     /// a group's lock lives only while it is held or waited for.
     groups: keyed_lock::KeyedLocks,
-    /// Per KIP-848 group: orders its changes with their writes to storage (see
-    /// `consumer_group_change`).
-    consumer_group_writes: keyed_lock::KeyedLocks,
+    /// Per group: orders its membership changes with their writes to storage (see
+    /// `group_state_change`).
+    group_state_writes: keyed_lock::KeyedLocks,
     /// KIP-447: transactional offsets of the groups this node coordinates whose marker has
     /// not been applied yet (recorded by the Kafka face, completed by `write_group_marker`).
     pending_txn_offsets: Mutex<crate::core::PendingTxnOffsets>,

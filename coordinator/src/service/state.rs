@@ -84,8 +84,12 @@ impl Shared {
         Ok(())
     }
 
-    /// Start: bump the generation, load owned ids, resume every Prepare*.
-    pub(super) async fn load(self: &Arc<Self>) -> Result<(), Error> {
+    /// Start: bump the generation, load owned ids, run `before_serving` (the groups'
+    /// restore), then serve and resume every Prepare*.
+    pub(super) async fn load(
+        self: &Arc<Self>,
+        before_serving: impl std::future::Future<Output = Result<(), Error>>,
+    ) -> Result<(), Error> {
         let snapshot = self.blocking(|s| s.load()).await?;
         let generation = snapshot.generation + 1;
         self.blocking(move |s| s.put_generation(generation)).await?;
@@ -126,6 +130,7 @@ impl Shared {
             resuming = resume.len(),
             "transaction state loaded"
         );
+        before_serving.await?;
         self.loaded.store(true, Ordering::Release);
         for job in resume {
             info!(txn_id = %job.transactional_id, pid = job.identity.producer_id,
