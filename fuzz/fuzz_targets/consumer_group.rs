@@ -8,16 +8,24 @@
 //!   for its assignment);
 //! - a group instance id is held by one member at most, and a member replaced by a new
 //!   instance is fenced;
-//! - the generation never goes down; member ids are never handed out twice;
+//! - the generation never goes down, but at a coordinator restart (the `Restart` step: the
+//!   group is restored from what the shell stored, [`GroupMembership::to_store`], which it
+//!   does before a JoinGroup or SyncGroup answer, at a LeaveGroup and at the periodic sweep),
+//!   which brings it back no further than the last generation whose assignment was handed
+//!   out; member ids are never handed out twice, across restarts too;
+//! - a member is never handed two different assignments for one generation, across restarts
+//!   (a generation handed out is stored, so a restart never forms it again otherwise);
 //! - the leader of a completed round is a member; DescribeGroups shows exactly the members;
 //! - no panic, whatever the input.
 
 #![no_main]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use arbitrary::Arbitrary;
-use coordinator::consumer_groups::{CommitKind, GroupMembership, GroupState, JoinRequest};
+use coordinator::consumer_groups::{
+    ClassicGroupRecord, CommitKind, GroupMembership, GroupState, JoinRequest,
+};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -52,6 +60,38 @@ enum Op {
     Time {
         ms: u16,
     },
+    /// The coordinator restarts: the group is restored from what was stored.
+    Restart,
+}
+
+/// What the shell keeps beside the group: the stored record, the lives so far, and what was
+/// handed out.
+#[derive(Default)]
+struct Shell {
+    /// What storage holds.
+    disk: Option<ClassicGroupRecord>,
+    /// Restarts so far.
+    lives: u32,
+    /// Per (member id, generation): the assignment a SyncGroup answer handed out.
+    assigned: BTreeMap<(String, i32), Vec<u8>>,
+    /// The highest generation a SyncGroup answer handed out since the group was last removed
+    /// from storage.
+    answered: i32,
+}
+
+impl Shell {
+    /// Stores what the group asks to be stored, as the shell does before an answer.
+    fn settle(&mut self, group: &mut GroupMembership) {
+        if let Some(record) = group.to_store() {
+            // Through JSON, as the shell stores it.
+            let bytes = record.as_ref().map(|r| serde_json::to_vec(r).unwrap());
+            self.disk = bytes.map(|b| serde_json::from_slice(&b).unwrap());
+            if self.disk.is_none() {
+                self.answered = 0;
+            }
+            group.stored(record);
+        }
+    }
 }
 
 /// What one consumer process believes: its member id and the generation it was given.
@@ -68,10 +108,39 @@ fuzz_target!(|ops: Vec<Op>| {
     let mut handed_out: BTreeSet<String> = BTreeSet::new();
     let mut now: i64 = 1_000_000;
     let mut generation = group.generation();
+    let mut shell = Shell::default();
     for op in ops.into_iter().take(200) {
         now += 1;
-        step(&mut group, &mut consumers, &mut handed_out, &mut now, op);
-        assert!(group.generation() >= generation, "the generation went down");
+        if let Op::Restart = op {
+            shell.lives += 1;
+            let incarnation = format!("1.{}.1", shell.lives + 1);
+            group = match shell.disk.clone() {
+                Some(record) => GroupMembership::restore("g", 50, record, now),
+                None => GroupMembership::with_initial_delay("g", 50),
+            }
+            .with_incarnation(&incarnation);
+            assert!(
+                group.generation() >= shell.answered,
+                "restored at {} below generation {} handed out",
+                group.generation(),
+                shell.answered
+            );
+            assert_eq!(
+                group.to_store(),
+                None,
+                "a restored group is what was stored"
+            );
+        } else {
+            step(
+                &mut group,
+                &mut consumers,
+                &mut handed_out,
+                &mut shell,
+                &mut now,
+                op,
+            );
+            assert!(group.generation() >= generation, "the generation went down");
+        }
         generation = group.generation();
         invariants(&group);
     }
@@ -85,6 +154,7 @@ fn step(
     group: &mut GroupMembership,
     consumers: &mut [Consumer],
     handed_out: &mut BTreeSet<String>,
+    shell: &mut Shell,
     now: &mut i64,
     op: Op,
 ) {
@@ -135,6 +205,7 @@ fn step(
             if let Some(Ok(answer)) = group.join_result(&c.member_id) {
                 assert_eq!(answer.member_id, c.member_id);
                 assert!(answer.generation <= group.generation());
+                shell.settle(group);
                 c.generation = answer.generation;
             }
         }
@@ -153,8 +224,21 @@ fn step(
         }
         Op::SyncAnswer { consumer } => {
             let c = &consumers[usize::from(consumer % 4)];
-            if !c.member_id.is_empty() {
-                let _ = group.sync_result(&c.member_id, c.generation);
+            if c.member_id.is_empty() {
+                return;
+            }
+            if let Some(Ok(assignment)) = group.sync_result(&c.member_id, c.generation) {
+                shell.settle(group);
+                assert_eq!(group.to_store(), None, "answered before stored");
+                let key = (c.member_id.clone(), c.generation);
+                let before = shell.assigned.insert(key, assignment.clone());
+                assert!(
+                    before.is_none_or(|b| b == assignment),
+                    "{} got two assignments at generation {}",
+                    c.member_id,
+                    c.generation
+                );
+                shell.answered = shell.answered.max(c.generation);
             }
         }
         Op::Heartbeat { consumer } => {
@@ -169,6 +253,7 @@ fn step(
                 let fenced = group.fence_instance(&c.member_id, c.instance.as_deref());
                 if fenced.is_ok() {
                     let _ = group.leave(&c.member_id, *now);
+                    shell.settle(group);
                 }
             }
         }
@@ -217,7 +302,12 @@ fn step(
         Op::Time { ms } => {
             *now += i64::from(ms) * 4;
             group.tick(*now);
+            // The periodic sweep stores what expiry changed.
+            if ms % 2 == 0 {
+                shell.settle(group);
+            }
         }
+        Op::Restart => unreachable!("handled by the caller"),
     }
 }
 
