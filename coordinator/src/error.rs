@@ -46,6 +46,9 @@ pub enum Error {
     /// transaction committed and whose marker is not applied yet (UNSTABLE_OFFSET_COMMIT).
     #[error("{0}")]
     UnstableOffsetCommit(String),
+    /// No group by that id here: no members, no committed offsets (GROUP_ID_NOT_FOUND).
+    #[error("no group {0:?}")]
+    GroupIdNotFound(String),
 }
 
 impl Error {
@@ -69,6 +72,7 @@ pub fn error_code(error: &Error) -> ErrorCode {
         Error::Membership(e) => e.code(),
         Error::TopologyConflict(_) => ErrorCode::CoordinatorNotAvailable,
         Error::UnstableOffsetCommit(_) => ErrorCode::UnstableOffsetCommit,
+        Error::GroupIdNotFound(_) => ErrorCode::GroupIdNotFound,
         Error::Transport(_) | Error::Config(_) | Error::Io(_) => ErrorCode::UnknownServerError,
     }
 }

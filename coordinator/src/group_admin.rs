@@ -23,7 +23,7 @@
 use std::collections::BTreeSet;
 
 use cluster::TopicPartition;
-use kafka_protocol::messages::ConsumerProtocolSubscription;
+use kafka_protocol::messages::{ConsumerProtocolAssignment, ConsumerProtocolSubscription};
 use kafka_protocol::protocol::Decodable;
 
 /// What the coordinator holds of a group's membership when an admin request comes.
@@ -159,6 +159,33 @@ pub fn subscribed_topics<'a>(
         topics.extend(subscription.topics.iter().map(|t| t.to_string()));
     }
     Some(topics)
+}
+
+/// The partitions of a consumer-protocol assignment (a SyncGroup's assignment bytes: a
+/// version, then Kafka's `ConsumerProtocolAssignment`); `None` if it cannot be read (empty
+/// bytes are no partitions). A newer version is read as the newest this reader knows.
+pub fn assigned_partitions(assignment: &[u8]) -> Option<Vec<TopicPartition>> {
+    const NEWEST: i16 = 3;
+    if assignment.is_empty() {
+        return Some(Vec::new());
+    }
+    let version = i16::from_be_bytes(assignment.get(..2)?.try_into().ok()?);
+    if version < 0 {
+        return None;
+    }
+    let mut buf = bytes::Bytes::copy_from_slice(&assignment[2..]);
+    let decoded = ConsumerProtocolAssignment::decode(&mut buf, version.min(NEWEST)).ok()?;
+    Some(
+        decoded
+            .assigned_partitions
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .map(|p| TopicPartition::new(t.topic.as_str(), *p))
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]

@@ -173,6 +173,15 @@ fn drop_idle_groups(slots: &mut HashMap<String, Arc<GroupSlot>>, now_ms: i64) ->
     before - slots.len()
 }
 
+/// What ListGroups shows of a group.
+struct GroupSummary {
+    /// "classic" or "consumer"; `None` for a group known only by its offsets.
+    group_type: Option<&'static str>,
+    state: &'static str,
+    protocol_type: String,
+    members: usize,
+}
+
 /// One group's membership and the wake-up of its parked requests.
 struct GroupSlot {
     membership: Mutex<GroupMembership>,
@@ -1402,55 +1411,165 @@ impl KafkaCoordinator {
         };
         let (states, types) = (lower(&r.states_filter, 4), lower(&r.types_filter, 5));
         let mut response = ListGroupsResponse::default();
-        // group id -> (state, protocol type, group type)
-        let mut groups: std::collections::BTreeMap<String, (&'static str, String, &'static str)> =
-            self.known_groups()
-                .into_iter()
-                .filter(|(group_id, _)| self.check_group(group_id).is_ok())
-                .map(|(group_id, slot)| {
-                    let (state, protocol_type) = on_slot(&group_id, &slot, |g, _| {
-                        (g.state().name(), g.protocol_type().to_string())
-                    });
-                    (group_id, (state, protocol_type, "classic"))
-                })
-                .collect();
-        let kip848: Vec<(String, &'static str)> = self
-            .consumer_groups()
-            .iter()
-            .filter(|(group_id, _)| self.check_group(group_id).is_ok())
-            .map(|(group_id, g)| (group_id.clone(), g.state_name()))
-            .collect();
-        for (group_id, state) in kip848 {
-            groups.insert(group_id, (state, "consumer".to_string(), "consumer"));
-        }
-        match self.service.offset_groups().await {
-            Ok(stored) => {
-                for group_id in stored {
-                    groups
-                        .entry(group_id)
-                        .or_insert_with(|| ("Empty", String::new(), "classic"));
-                }
-            }
+        let groups = match self.group_summaries().await {
+            Ok(groups) => groups,
             Err(e) => {
                 response.error_code = kafka_error(&e);
                 return response;
             }
-        }
-        for (group_id, (state, protocol_type, group_type)) in groups {
-            if !states.is_empty() && !states.contains(&state.to_ascii_lowercase()) {
+        };
+        for (group_id, g) in groups {
+            if !states.is_empty() && !states.contains(&g.state.to_ascii_lowercase()) {
                 continue;
             }
+            // A group known only by its offsets lists as classic, as Kafka lists it.
+            let group_type = g.group_type.unwrap_or("classic");
             if !types.is_empty() && !types.iter().any(|t| t == group_type) {
                 continue;
             }
             let mut listed = ListedGroup::default();
             listed.group_id = GroupId(str_bytes(&group_id));
-            listed.protocol_type = str_bytes(&protocol_type);
-            listed.group_state = str_bytes(state);
+            listed.protocol_type = str_bytes(&g.protocol_type);
+            listed.group_state = str_bytes(g.state);
             listed.group_type = str_bytes(group_type);
             response.groups.push(listed);
         }
         response
+    }
+
+    /// Every group this node coordinates that this face holds (silent members expired
+    /// first), and every group known only by its committed offsets (a membership dropped while
+    /// idle, or never held: Empty, no protocol type), by group id.
+    async fn group_summaries(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, GroupSummary>, Error> {
+        let mut groups: std::collections::BTreeMap<String, GroupSummary> = self
+            .known_groups()
+            .into_iter()
+            .filter(|(group_id, _)| self.check_group(group_id).is_ok())
+            .map(|(group_id, slot)| {
+                let summary = on_slot(&group_id, &slot, |g, _| GroupSummary {
+                    group_type: Some("classic"),
+                    state: g.state().name(),
+                    protocol_type: g.protocol_type().to_string(),
+                    members: g.member_ids().len(),
+                });
+                (group_id, summary)
+            })
+            .collect();
+        let kip848: Vec<(String, GroupSummary)> = self
+            .consumer_groups()
+            .iter()
+            .filter(|(group_id, _)| self.check_group(group_id).is_ok())
+            .map(|(group_id, g)| {
+                let summary = GroupSummary {
+                    group_type: Some("consumer"),
+                    state: g.state_name(),
+                    protocol_type: "consumer".to_string(),
+                    members: g.members().count(),
+                };
+                (group_id.clone(), summary)
+            })
+            .collect();
+        groups.extend(kip848);
+        for group_id in self.service.offset_groups().await? {
+            groups.entry(group_id).or_insert(GroupSummary {
+                group_type: None,
+                state: "Empty",
+                protocol_type: String::new(),
+                members: 0,
+            });
+        }
+        Ok(groups)
+    }
+
+    /// Every group this node coordinates, as the Groups gRPC service lists them.
+    pub(crate) async fn group_listings(&self) -> Result<Vec<proto::GroupListing>, Error> {
+        Ok(self
+            .group_summaries()
+            .await?
+            .into_iter()
+            .map(|(group_id, g)| proto::GroupListing {
+                group_id,
+                group_type: g.group_type.unwrap_or_default().to_string(),
+                state: g.state.to_string(),
+                members: i32::try_from(g.members).unwrap_or(i32::MAX),
+            })
+            .collect())
+    }
+
+    /// One group as the Groups gRPC service describes it: its type, state, epoch
+    /// (generation), protocol, members with the partitions each holds, and its committed
+    /// offsets. A group this node coordinates but knows nothing of is GROUP_ID_NOT_FOUND.
+    pub(crate) async fn group_description(
+        &self,
+        group_id: &str,
+    ) -> Result<proto::DescribeGroupResponse, Error> {
+        self.service.check_owner(group_id)?;
+        let mut d = proto::DescribeGroupResponse {
+            group_id: group_id.to_string(),
+            ..Default::default()
+        };
+        let kip848 = self.on_consumer_group(group_id, |g| {
+            d.group_type = "consumer".into();
+            d.state = g.state_name().into();
+            d.epoch = g.group_epoch();
+            d.protocol = g.assignor().into();
+            d.members = g
+                .members()
+                .map(|m| proto::GroupMember {
+                    member_id: m.id.clone(),
+                    instance_id: m.instance_id.clone().unwrap_or_default(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    member_epoch: m.epoch,
+                    assigned: m.assigned.iter().cloned().map(Into::into).collect(),
+                })
+                .collect();
+        });
+        let slot = self.groups().slots.get(group_id).cloned();
+        if let (None, Some(slot)) = (kip848, slot) {
+            on_slot(group_id, &slot, |g, _| {
+                let described = g.describe();
+                d.group_type = "classic".into();
+                d.state = described.state.into();
+                d.epoch = g.generation();
+                d.protocol = described.protocol;
+                let consumer = described.protocol_type == "consumer";
+                d.members = described
+                    .members
+                    .into_iter()
+                    .map(|m| proto::GroupMember {
+                        assigned: consumer
+                            .then(|| group_admin::assigned_partitions(&m.assignment))
+                            .flatten()
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(Into::into)
+                            .collect(),
+                        member_id: m.member_id,
+                        instance_id: m.instance_id.unwrap_or_default(),
+                        client_id: m.client_id,
+                        client_host: m.client_host,
+                        member_epoch: g.generation(),
+                    })
+                    .collect();
+            });
+        }
+        let request = proto::OffsetFetchRequest {
+            group_id: group_id.to_string(),
+            partitions: Vec::new(),
+            require_stable: false,
+        };
+        let (committed, _) = self.service.offset_fetch(request).await?;
+        d.committed = committed;
+        if d.group_type.is_empty() {
+            if d.committed.is_empty() {
+                return Err(Error::GroupIdNotFound(group_id.to_string()));
+            }
+            d.state = "Empty".into();
+        }
+        Ok(d)
     }
 
     /// DeleteGroups: each group on its own, as [`group_admin::delete_group`] decides under

@@ -59,6 +59,7 @@ pub mod consumer_protocol;
 pub mod core;
 mod error;
 pub mod group_admin;
+mod group_service;
 pub mod kafka;
 pub mod service;
 pub mod storage;

@@ -44,6 +44,7 @@ pub fn kafka_code(code: ErrorCode) -> i16 {
         E::UnknownServerError => K::UnknownServerError,
         E::ClusterAuthorizationFailed => K::ClusterAuthorizationFailed,
         E::InconsistentClusterId => K::InconsistentClusterId,
+        E::GroupIdNotFound => K::GroupIdNotFound,
     };
     k.code()
 }
@@ -88,7 +89,7 @@ mod tests {
                 assert_eq!(ours_name, theirs_name, "{ours:?} -> {k:?}");
             }
         }
-        assert_eq!(mapped, 24, "every proto error code is checked");
+        assert_eq!(mapped, 25, "every proto error code is checked");
         assert_eq!(kafka_code(ErrorCode::ProducerFenced), 90);
         assert_eq!(kafka_code(ErrorCode::InvalidProducerEpoch), 47);
         assert_eq!(

@@ -748,3 +748,159 @@ async fn consume_names_a_silent_leader_instead_of_hanging() {
     );
     cluster.shutdown().await.unwrap();
 }
+
+/// `groups list` and `groups describe` show a classic group as its coordinator holds it: a
+/// consumer (a raw JoinGroup/SyncGroup over Kafka's protocol) holds input-0 and input-1 at
+/// generation 1; the group's committed offset of input-0 is 2 of its 5 records, so its lag
+/// to the LSO is 3; input-1 has no committed offset. An unknown group is GROUP_ID_NOT_FOUND.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_list_and_describe_show_members_offsets_and_lag() {
+    use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition as Assigned;
+    use kafka_protocol::messages::*;
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    let cluster = EmbeddedCluster::start_with(EmbeddedOptions {
+        group_initial_rebalance_delay: Duration::ZERO,
+        ..EmbeddedOptions::default()
+    })
+    .await
+    .unwrap();
+    let topology = cluster.topology_path().to_path_buf();
+    let tool = |args: &[&str]| {
+        let mut c = minibroker();
+        c.args(args).arg("--topology").arg(&topology);
+        c
+    };
+    let mut producer = producer_client::IdempotentProducer::connect(cluster.client_config())
+        .await
+        .unwrap();
+    let values: Vec<Vec<u8>> = (0..5).map(|i| format!("r{i}").into_bytes()).collect();
+    producer
+        .send_batch("input", producer_client::Target::Partition(0), values)
+        .await
+        .unwrap();
+
+    let group = "cli-group";
+    let coordinator = cluster
+        .kafka_address(cluster.coordinator_for(group))
+        .unwrap();
+    // An admin's commit while the group has no members, then a consumer joins.
+    assert_eq!(
+        testkit::kafka::offset_commit(coordinator, group, &[("input", 0, 2)]).await,
+        [0]
+    );
+    let ResponseKind::JoinGroup(joined) = testkit::kafka::call(
+        coordinator,
+        ApiKey::JoinGroup,
+        3,
+        testkit::kafka::join_group(group, ""),
+    )
+    .await
+    else {
+        panic!("JoinGroup response")
+    };
+    assert_eq!((joined.error_code, joined.generation_id), (0, 1));
+    let member = joined.member_id.to_string();
+    let mut assignment = ConsumerProtocolAssignment::default();
+    let mut assigned = Assigned::default();
+    assigned.topic = TopicName(StrBytes::from_static_str("input"));
+    assigned.partitions = vec![0, 1];
+    assignment.assigned_partitions = vec![assigned];
+    let mut bytes = bytes::BytesMut::from(&0i16.to_be_bytes()[..]);
+    assignment.encode(&mut bytes, 0).unwrap();
+    let RequestKind::SyncGroup(mut sync) = testkit::kafka::sync_group_alone(group, &member, 1)
+    else {
+        unreachable!()
+    };
+    sync.assignments[0].assignment = bytes.freeze();
+    let ResponseKind::SyncGroup(synced) = testkit::kafka::call(
+        coordinator,
+        ApiKey::SyncGroup,
+        3,
+        RequestKind::SyncGroup(sync),
+    )
+    .await
+    else {
+        panic!("SyncGroup response")
+    };
+    assert_eq!(synced.error_code, 0);
+
+    let json_of = |out: &Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
+    };
+    let listed = json_of(&run(tool(&["groups", "list", "--json"])).await);
+    let listed: Vec<&serde_json::Value> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["group_id"] == group)
+        .collect();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        (
+            &listed[0]["type"],
+            &listed[0]["state"],
+            &listed[0]["members"]
+        ),
+        (&"classic".into(), &"Stable".into(), &1.into())
+    );
+
+    let d = json_of(&run(tool(&["groups", "describe", group, "--json"])).await);
+    assert_eq!(
+        (&d["type"], &d["state"], &d["epoch"]),
+        (&"classic".into(), &"Stable".into(), &1.into())
+    );
+    assert_eq!(d["protocol"], "range");
+    assert_eq!(d["members"][0]["member_id"], member.as_str());
+    assert_eq!(
+        d["members"][0]["assigned"],
+        serde_json::json!(["input-0", "input-1"])
+    );
+    let partitions = d["partitions"].as_array().unwrap();
+    assert_eq!(partitions.len(), 2, "{d}");
+    let p0 = &partitions[0];
+    assert_eq!(
+        (
+            &p0["partition"],
+            &p0["committed"],
+            &p0["last_stable_offset"],
+            &p0["high_watermark"],
+            &p0["lag"]
+        ),
+        (&0.into(), &2.into(), &5.into(), &5.into(), &3.into())
+    );
+    assert_eq!(p0["owner"], member.as_str());
+    let p1 = &partitions[1];
+    assert_eq!(
+        (&p1["partition"], &p1["committed"], &p1["lag"]),
+        (
+            &1.into(),
+            &serde_json::Value::Null,
+            &serde_json::Value::Null
+        )
+    );
+
+    // The table says the same.
+    let out = run(tool(&["groups", "describe", group])).await;
+    let table = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        table.contains("classic") && table.contains("Stable") && table.contains("LAG"),
+        "{table}"
+    );
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("input ") && l.contains(" 0 "))
+        .unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cells[..6], ["input", "0", "2", "5", "5", "3"], "{table}");
+
+    let missing = run(tool(&["groups", "describe", "no-such-group"])).await;
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing.stderr).contains("GROUP_ID_NOT_FOUND"),
+        "{}",
+        text(&missing.stderr)
+    );
+    cluster.shutdown().await.unwrap();
+}

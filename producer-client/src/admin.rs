@@ -73,6 +73,62 @@ impl Admin {
         Ok(out)
     }
 
+    /// ListGroups on every coordinator: each group with its coordinator's id, by group id.
+    pub async fn list_groups(&self) -> Result<Vec<(i32, proto::GroupListing)>> {
+        let metadata = self.conn.metadata().await?;
+        let mut out = Vec::new();
+        for node in &metadata.coordinators {
+            let mut client = self.conn.groups(&node.address)?;
+            let response = self
+                .conn
+                .rpc(
+                    &node.address,
+                    Duration::ZERO,
+                    client.list_groups(proto::ListGroupsRequest {}),
+                )
+                .await?
+                .checked()?;
+            let id = response.coordinator_id;
+            out.extend(response.groups.into_iter().map(|g| (id, g)));
+        }
+        out.sort_by(|a, b| a.1.group_id.cmp(&b.1.group_id));
+        Ok(out)
+    }
+
+    /// DescribeGroup at the group's coordinator (retried while the coordinator is loading or
+    /// moved); GROUP_ID_NOT_FOUND for a group it knows nothing of.
+    pub async fn describe_group(&self, group_id: &str) -> Result<proto::DescribeGroupResponse> {
+        let mut backoff = self.conn.backoff();
+        loop {
+            let attempt = async {
+                let coordinator = self
+                    .conn
+                    .find_coordinator(group_id, CoordinatorKeyType::Group)
+                    .await?;
+                let mut client = self.conn.groups(&coordinator.address)?;
+                let request = proto::DescribeGroupRequest {
+                    group_id: group_id.to_string(),
+                };
+                self.conn
+                    .rpc(
+                        &coordinator.address,
+                        Duration::ZERO,
+                        client.describe_group(request),
+                    )
+                    .await?
+                    .checked()
+            };
+            match attempt.await {
+                Err(e) if e.is_retriable() => {
+                    if !backoff.wait().await {
+                        return Err(e);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// DescribeTransactions for one id, at its coordinator (retried while the coordinator is
     /// loading or moved).
     pub async fn describe_transaction(

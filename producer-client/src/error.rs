@@ -232,7 +232,9 @@ wire_error!(
     proto::ListTransactionsResponse,
     proto::ProduceResponse,
     proto::FetchResponse,
-    proto::DescribeProducersResponse
+    proto::DescribeProducersResponse,
+    proto::ListGroupsResponse,
+    proto::DescribeGroupResponse
 );
 
 #[cfg(test)]

@@ -109,6 +109,13 @@ impl Connections {
         Ok(TransactionCoordinatorClient::new(self.channel(address)?))
     }
 
+    /// A Groups client for `address` (a coordinator).
+    pub fn groups(&self, address: &str) -> Result<proto::groups_client::GroupsClient<Channel>> {
+        Ok(proto::groups_client::GroupsClient::new(
+            self.channel(address)?,
+        ))
+    }
+
     /// A PartitionLeader client for `address`.
     pub fn leader(&self, address: &str) -> Result<PartitionLeaderClient<Channel>> {
         Ok(PartitionLeaderClient::new(self.channel(address)?))

@@ -336,6 +336,11 @@ async fn serve_inner(
         let _ = stopping.wait_for(|stopped| *stopped).await;
         unhealthy.set_serving(false).await;
     });
+    // The Kafka face holds the consumer groups; the Groups gRPC service shows them, with or
+    // without a Kafka listener.
+    let face = Arc::new(crate::kafka::KafkaCoordinator::new(LocalService::new(
+        shared.clone(),
+    )));
     let server = cluster::node::grpc_server()
         .add_service(health_service)
         .add_service(reflection)
@@ -343,23 +348,22 @@ async fn serve_inner(
         .add_service(TransactionCoordinatorServer::new(
             grpc::CoordinatorService::new(shared.clone()),
         ))
+        .add_service(proto::groups_server::GroupsServer::new(
+            crate::group_service::GroupService::new(face.clone(), shared.node_id),
+        ))
         .serve_with_incoming_shutdown(node::incoming(listener), async move {
             let _ = server_stop.wait_for(|stopped| *stopped).await;
         });
     let server = tokio::spawn(server);
-    let mut kafka_face = None;
     if let Some(kafka_listener) = kafka_listener {
         // Joined with the other background tasks below, so it ends before the storage closes.
         let mut kafka_config =
             kafka_wire::ServerConfig::new(shared.node_id, shared.topology.clone());
         kafka_config.metrics = Some(shared.config.metrics.clone());
-        let handler = Arc::new(crate::kafka::KafkaCoordinator::new(LocalService::new(
-            shared.clone(),
-        )));
+        let handler = face.clone();
         let mut stopped = shared.stop.subscribe();
         let sweeper = handler.clone();
         shared.spawn(async move { sweeper.drop_idle_groups_periodically().await });
-        kafka_face = Some(handler.clone());
         shared.spawn(async move {
             let stop = async move {
                 let _ = stopped.wait_for(|s| *s).await;
@@ -376,14 +380,9 @@ async fn serve_inner(
 
     // The groups are restored before the node serves, as Kafka's coordinator loads
     // `__consumer_offsets` before it answers for a group.
-    let face = kafka_face.clone();
+    let restoring = face.clone();
     let loaded = shared
-        .load(async move {
-            match face {
-                Some(face) => face.restore_groups().await,
-                None => Ok(()),
-            }
-        })
+        .load(async move { restoring.restore_groups().await })
         .await;
     if let Err(e) = &loaded {
         error!(node_id = shared.node_id, error = %e, "loading transaction state failed; stopping");

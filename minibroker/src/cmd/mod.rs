@@ -8,7 +8,8 @@
 //! - [`demo`], [`dev`], [`bench`]: start an embedded cluster in this process (bench only when no
 //!   target is given);
 //! - [`produce`], [`consume`], [`process`]: data traffic through producers and consumers;
-//! - [`transactions`], [`producers`]: read-only admin queries.
+//! - [`transactions`], [`producers`], [`groups`]: admin queries (read-only, but for
+//!   `transactions abort`).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -21,6 +22,7 @@ pub mod bench;
 pub mod consume;
 pub mod demo;
 pub mod dev;
+pub mod groups;
 pub mod process;
 pub mod produce;
 pub mod producers;
@@ -160,6 +162,11 @@ pub enum Command {
         #[command(subcommand)]
         command: transactions::TransactionsCommand,
     },
+    /// Inspect consumer groups at the coordinators: members, partitions, offsets, lag.
+    Groups {
+        #[command(subcommand)]
+        command: groups::GroupsCommand,
+    },
     /// Show a partition leader's producer state for TOPIC PARTITION.
     Producers(producers::ProducersArgs),
     /// Run the exactly-once consume-transform-produce application.
@@ -201,6 +208,7 @@ pub async fn dispatch(command: Command, target: Target, json: bool) -> anyhow::R
         Command::Transactions { command } => {
             transactions::run(target.connect().await?, command, json).await
         }
+        Command::Groups { command } => groups::run(target.connect().await?, command, json).await,
         Command::Producers(args) => producers::run(target.connect().await?, args, json).await,
         Command::Process(args) => process::run(target.connect().await?, args, json).await,
         Command::Bench(args) => bench::run(target, args, json).await,
