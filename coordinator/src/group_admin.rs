@@ -197,6 +197,41 @@ mod tests {
         TopicPartition::new(topic, partition)
     }
 
+    /// A consumer-protocol assignment's partitions, at any version this reader knows or a
+    /// newer one; no bytes are no partitions; damaged bytes or a negative version are `None`,
+    /// never a panic.
+    #[test]
+    fn assigned_partitions_read_the_consumer_protocol() {
+        use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition as Assigned;
+        let encoded = |version: i16| {
+            let mut a = ConsumerProtocolAssignment::default();
+            let mut t = Assigned::default();
+            t.topic = kafka_protocol::messages::TopicName(StrBytes::from_static_str("input"));
+            t.partitions = vec![2, 0];
+            a.assigned_partitions = vec![t];
+            let mut bytes = bytes::BytesMut::from(&version.to_be_bytes()[..]);
+            a.encode(&mut bytes, version.min(3)).unwrap();
+            bytes.to_vec()
+        };
+        for version in [0, 1, 3, 7] {
+            assert_eq!(
+                assigned_partitions(&encoded(version)),
+                Some(vec![tp("input", 2), tp("input", 0)]),
+                "version {version}"
+            );
+        }
+        assert_eq!(assigned_partitions(&[]), Some(vec![]));
+        let mut negative = encoded(0);
+        negative[..2].copy_from_slice(&(-1i16).to_be_bytes());
+        assert_eq!(assigned_partitions(&negative), None);
+        assert_eq!(assigned_partitions(&[0]), None);
+        assert_eq!(assigned_partitions(&[0, 0, 0xff, 0xff, 0xff]), None);
+        let whole = encoded(0);
+        for cut in 1..whole.len() {
+            let _ = assigned_partitions(&whole[..cut]);
+        }
+    }
+
     fn set(tps: &[TopicPartition]) -> BTreeSet<TopicPartition> {
         tps.iter().cloned().collect()
     }

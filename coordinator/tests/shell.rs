@@ -1081,6 +1081,79 @@ async fn describe_groups_answers_bad_and_unknown_groups_each_and_creates_none() 
     task.await.unwrap().unwrap();
 }
 
+/// The Groups gRPC service refuses bad input with a typed error and creates nothing: before the
+/// state is loaded COORDINATOR_LOAD_IN_PROGRESS; then an empty or over-long group id is
+/// INVALID_REQUEST, an unknown group GROUP_ID_NOT_FOUND, a group another coordinator owns
+/// NOT_COORDINATOR; ListGroups stays empty.
+#[tokio::test]
+async fn the_groups_service_refuses_bad_and_unknown_groups_and_creates_none() {
+    use proto::groups_client::GroupsClient;
+    let storage = Arc::new(TestStorage::default());
+    // A second coordinator (never started) owns some group ids.
+    let (grpc, _, stop, task) = serve_kafka(
+        storage.clone(),
+        "[[coordinators]]\nid = 2\naddress = \"127.0.0.1:1\"\n",
+    )
+    .await;
+    let _gate = OpenGateOnDrop(storage.clone());
+    let mut client = GroupsClient::new(
+        tonic::transport::Channel::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect_lazy(),
+    );
+    let topology = cluster::Topology::parse(&format!(
+        "transaction_state_partitions = 4\n[[coordinators]]\nid = 1\naddress = \"{grpc}\"\n\
+         [[coordinators]]\nid = 2\naddress = \"127.0.0.1:1\"\n\
+         [[leaders]]\nid = 101\naddress = \"127.0.0.1:1\"\n\
+         [[topics]]\nname = \"input\"\nleaders = [101]\n"
+    ))
+    .unwrap();
+    let (mine, theirs) = {
+        let owned_by = |node| {
+            (0..)
+                .map(|i| format!("group-{i}"))
+                .find(|g| topology.coordinator_for(g).id == node)
+                .unwrap()
+        };
+        (owned_by(1), owned_by(2))
+    };
+    let describe = |group: String| {
+        let mut client = client.clone();
+        async move {
+            let r = client
+                .describe_group(proto::DescribeGroupRequest { group_id: group })
+                .await
+                .unwrap()
+                .into_inner();
+            ErrorCode::from_wire(r.error_code)
+        }
+    };
+    assert_eq!(
+        describe(mine.clone()).await,
+        ErrorCode::CoordinatorLoadInProgress
+    );
+    storage.open_gate();
+    eventually("the coordinator has loaded", || async {
+        (describe(mine.clone()).await != ErrorCode::CoordinatorLoadInProgress).then_some(())
+    })
+    .await;
+    assert_eq!(describe(mine).await, ErrorCode::GroupIdNotFound);
+    assert_eq!(describe(theirs).await, ErrorCode::NotCoordinator);
+    assert_eq!(describe(String::new()).await, ErrorCode::InvalidRequest);
+    assert_eq!(
+        describe("x".repeat(cluster::MAX_ID_LEN + 1)).await,
+        ErrorCode::InvalidRequest
+    );
+    let listed = client
+        .list_groups(proto::ListGroupsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((listed.error_code, listed.groups.len()), (0, 0));
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
 /// A group whose offsets a transaction has pending (its TxnOffsetCommit accepted, its marker
 /// not applied) is in use: DeleteGroups is NON_EMPTY_GROUP and OffsetDelete
 /// CONCURRENT_TRANSACTIONS for the partition, and nothing is deleted, so the transaction's

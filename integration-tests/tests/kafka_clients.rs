@@ -2869,6 +2869,41 @@ async fn kip848_member_epochs_fence_zombie_consumers() {
         b_got.iter().all(|p| !kept.contains(p)),
         "{b_got:?} {kept:?}"
     );
+    // `minibroker groups describe` shows the same (the coordinators' Groups service).
+    let described = producer_client::Admin::new(config(&cluster))
+        .unwrap()
+        .describe_group(group)
+        .await
+        .unwrap();
+    assert_eq!(
+        (described.group_type.as_str(), described.state.as_str()),
+        ("consumer", "Stable")
+    );
+    assert_eq!(
+        (described.epoch, described.protocol.as_str()),
+        (2, "uniform")
+    );
+    let mut members: Vec<(String, i32, Vec<i32>)> = described
+        .members
+        .iter()
+        .map(|m| {
+            let assigned = m.assigned.iter().map(|p| p.partition).collect();
+            (m.member_id.clone(), m.member_epoch, assigned)
+        })
+        .collect();
+    members.sort();
+    let sorted = |v: &[i32]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        members,
+        [
+            ("a".to_string(), 2, sorted(&kept)),
+            ("b".to_string(), 2, sorted(&b_got))
+        ]
+    );
 
     // The zombie's view: epoch 1 commits are stale, an epoch ahead is fenced.
     assert_eq!(
