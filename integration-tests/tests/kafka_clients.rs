@@ -2530,10 +2530,11 @@ async fn kafka_python_consume_transform_produce_with_a_group() {
     cluster.shutdown().await.unwrap();
 }
 
-/// kafka-python's group consumer through a restart of its group's coordinator: it rejoins a
-/// group that starts over (new member ids, generation 1), a commit from the old membership is
-/// refused and left to the next poll, and in the end it has seen every record and committed
-/// the end of the input.
+/// kafka-python's group consumer through a restart of its group's coordinator: the restarted
+/// coordinator restores the group's stored generation, so the consumer goes on in it without a
+/// rebalance (nothing is revoked from it from the restart on; a commit that fails while the
+/// coordinator is down is left to the next poll), and in the end it has seen every record and
+/// committed the end of the input.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_python_group_consumer_survives_a_restart_of_its_coordinator() {
     let Some(python) = python().await else { return };
@@ -2553,6 +2554,10 @@ async fn kafka_python_group_consumer_survives_a_restart_of_its_coordinator() {
     .await;
     consumer.committed_at_least(50).await;
     let node = cluster.coordinator_for(group);
+    let restarted_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
     cluster.kill(node).await.unwrap();
     cluster.restart(node).await.unwrap();
     let after = consumer.committed + 50;
@@ -2593,6 +2598,17 @@ async fn kafka_python_group_consumer_survives_a_restart_of_its_coordinator() {
     let expected: std::collections::BTreeSet<&str> =
         written.iter().flatten().map(String::as_str).collect();
     assert_eq!(seen, expected, "every record seen ({})", report["refused"]);
+    let late: Vec<f64> = report["revoked_at"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_f64)
+        .filter(|t| *t >= restarted_at)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "partitions revoked at {late:?}, after the restart at {restarted_at}: no rebalance was due"
+    );
     cluster.shutdown().await.unwrap();
 }
 
