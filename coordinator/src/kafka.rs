@@ -2320,6 +2320,20 @@ mod tests {
         // Stored bytes that are not a group state (a damaged or foreign value) restore nothing.
         assert_eq!(stored_group_state("g", &stored[..stored.len() / 2]), None);
         assert_eq!(stored_group_state("g", b"\xff garbage"), None);
+        // The same for a classic group's record, and one protocol's value is not the other's.
+        assert_eq!(stored_classic_record("g", &stored), None);
+        assert_eq!(stored_classic_record("g", b"\xff garbage"), None);
+        let record = crate::consumer_groups::ClassicGroupRecord {
+            generation: 3,
+            protocol_type: "consumer".into(),
+            protocol: "range".into(),
+            leader: "m".into(),
+            members: Vec::new(),
+        };
+        let bytes = serde_json::to_vec(&record).unwrap();
+        assert_eq!(stored_classic_record("g", &bytes), Some(record));
+        assert_eq!(stored_classic_record("g", &bytes[..bytes.len() - 1]), None);
+        assert_eq!(stored_group_state("g", &bytes), None);
         // A heartbeat that changes nothing stores nothing.
         let before = groups["g"].state();
         let mut beat = join("a");

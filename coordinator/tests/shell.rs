@@ -1081,6 +1081,72 @@ async fn describe_groups_answers_bad_and_unknown_groups_each_and_creates_none() 
     task.await.unwrap().unwrap();
 }
 
+/// Durable before acknowledged, for a classic group: a SyncGroup whose generation cannot be
+/// stored is answered with the storage's error and no assignment, and nothing is stored; once
+/// the disk heals, the same SyncGroup gets the assignment, and the generation is stored first.
+/// The last member's LeaveGroup removes the record before it is answered.
+#[tokio::test]
+async fn a_classic_generation_is_handed_out_only_once_stored() {
+    use kafka_protocol::messages::{ApiKey, GroupId, LeaveGroupRequest, RequestKind, ResponseKind};
+    use testkit::kafka::{call, join_group, sync_group_alone};
+    let storage = Arc::new(TestStorage::default());
+    storage.open_gate();
+    let (_, kafka, stop, task) = serve_kafka(storage.clone(), "").await;
+    let group = "durable-group";
+    let joined = eventually("the coordinator has loaded", || async {
+        let ResponseKind::JoinGroup(r) =
+            call(kafka, ApiKey::JoinGroup, 3, join_group(group, "")).await
+        else {
+            panic!("JoinGroup response")
+        };
+        (r.error_code == 0).then_some(r)
+    })
+    .await;
+    let member = joined.member_id.to_string();
+    let sync = || async {
+        let ResponseKind::SyncGroup(r) = call(
+            kafka,
+            ApiKey::SyncGroup,
+            3,
+            sync_group_alone(group, &member, joined.generation_id),
+        )
+        .await
+        else {
+            panic!("SyncGroup response")
+        };
+        r.error_code
+    };
+    let stored = || {
+        storage
+            .inner
+            .group_state(GroupProtocol::Classic, group)
+            .unwrap()
+    };
+    storage.fail_writes.store(true, Ordering::SeqCst);
+    let refused = sync().await;
+    assert_ne!(refused, 0, "answered without storing the generation");
+    assert_eq!(stored(), None);
+    storage.fail_writes.store(false, Ordering::SeqCst);
+    assert_eq!(sync().await, 0);
+    let record: coordinator::consumer_groups::ClassicGroupRecord =
+        serde_json::from_slice(&stored().expect("stored before the answer")).unwrap();
+    assert_eq!(record.generation, joined.generation_id);
+    assert_eq!(record.members[0].member_id, member);
+
+    let mut leave = LeaveGroupRequest::default();
+    leave.group_id = GroupId(kafka_wire::str_bytes(group));
+    leave.member_id = kafka_wire::str_bytes(&member);
+    let ResponseKind::LeaveGroup(left) =
+        call(kafka, ApiKey::LeaveGroup, 1, RequestKind::LeaveGroup(leave)).await
+    else {
+        panic!("LeaveGroup response")
+    };
+    assert_eq!(left.error_code, 0);
+    assert_eq!(stored(), None, "the Empty group's record is gone");
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
 /// The Groups gRPC service refuses bad input with a typed error and creates nothing: before the
 /// state is loaded COORDINATOR_LOAD_IN_PROGRESS; then an empty or over-long group id is
 /// INVALID_REQUEST, an unknown group GROUP_ID_NOT_FOUND, a group another coordinator owns
