@@ -96,6 +96,9 @@ pub enum GroupError {
     /// INVALID_SESSION_TIMEOUT.
     #[error("session timeout {0} ms is outside [{min}, {max}]", min = MIN_SESSION_TIMEOUT_MS, max = MAX_SESSION_TIMEOUT_MS)]
     InvalidSessionTimeout(i32),
+    /// GROUP_MAX_SIZE_REACHED: a new member would take the group past `group.max.size`.
+    #[error("the group has its maximum of {0} members")]
+    GroupMaxSizeReached(usize),
 }
 
 /// Kafka's `group.min.session.timeout.ms` default.
@@ -285,6 +288,8 @@ pub struct GroupMembership {
     incarnation: String,
     /// What storage holds of the group, as far as it was told ([`Self::stored`]).
     stored: Option<ClassicGroupRecord>,
+    /// Kafka's `group.max.size` ([`Self::with_max_size`]).
+    max_size: usize,
 }
 
 impl GroupMembership {
@@ -312,6 +317,31 @@ impl GroupMembership {
             initial_until_ms: None,
             incarnation: String::new(),
             stored: None,
+            max_size: usize::MAX,
+        }
+    }
+
+    /// With Kafka's `group.max.size`: a member that would join beyond `max` members is
+    /// GROUP_MAX_SIZE_REACHED, as Kafka's `acceptJoiningMember` decides: an Empty group takes
+    /// anyone; while a round runs, a new member is taken while fewer than `max` members have
+    /// rejoined; otherwise while the group has fewer than `max` members. A member of the group
+    /// (and a static member replacing its instance's holder) is always taken. A group restored
+    /// with more members keeps them.
+    pub fn with_max_size(mut self, max: usize) -> Self {
+        self.max_size = max;
+        self
+    }
+
+    /// Whether a member that is not in the group may join it ([`Self::with_max_size`]).
+    fn takes_a_new_member(&self) -> bool {
+        match self.state {
+            GroupState::Empty => true,
+            GroupState::PreparingRebalance { .. } => {
+                self.members.values().filter(|m| m.awaiting_join).count() < self.max_size
+            }
+            GroupState::CompletingRebalance | GroupState::Stable => {
+                self.members.len() < self.max_size
+            }
         }
     }
 
@@ -507,6 +537,17 @@ impl GroupMembership {
             return Err(GroupError::InvalidSessionTimeout(
                 request.session_timeout_ms,
             ));
+        }
+        // A static instance whose holder it replaces adds no member.
+        let replaces = request
+            .group_instance_id
+            .as_ref()
+            .is_some_and(|i| self.static_members.contains_key(i));
+        let new_member = !self.members.contains_key(&request.member_id) && !replaces;
+        if new_member && !self.takes_a_new_member() {
+            // A member id handed out and not joined is forgotten: the group is full.
+            self.pending.remove(&request.member_id);
+            return Err(GroupError::GroupMaxSizeReached(self.max_size));
         }
         let member_id = if request.member_id.is_empty() {
             let id = self.new_member_id(&request.client_id);
@@ -2189,5 +2230,48 @@ mod tests {
         let e = GroupMembership::restore("g", 0, empty, 0);
         assert_eq!((e.state(), e.generation()), (GroupState::Empty, 0));
         assert_eq!(e.to_store(), Some(None), "the record goes");
+    }
+
+    /// Kafka's `group.max.size`: a group of 2 takes no third member, whether a round is
+    /// running (counted by the members that rejoined) or not, nor hands out a member id for
+    /// one (KIP-394); its members rejoin, a static member's new instance replaces it, and a
+    /// place freed by a leave is taken.
+    #[test]
+    fn a_full_group_takes_no_new_member() {
+        let mut g = GroupMembership::new("g").with_max_size(2);
+        let a = g.join(static_join("", "i-a", &["range"]), 0).unwrap();
+        g.join_result(&a).unwrap().unwrap();
+        let b = g.join(join("", &["range"]), 1).unwrap();
+        assert!(matches!(g.state(), GroupState::PreparingRebalance { .. }));
+        let full = Err(GroupError::GroupMaxSizeReached(2));
+        // A round is running with one member rejoined (B): a second newcomer still fits by
+        // Kafka's count, then the group is full.
+        let mut v4 = join("", &["range"]);
+        v4.require_known_member_id = true;
+        assert!(matches!(
+            g.join(v4.clone(), 2),
+            Err(GroupError::MemberIdRequired(_))
+        ));
+        g.join(join(&a, &["range"]), 3).unwrap();
+        assert_eq!(g.join(join("", &["range"]), 4), full);
+        assert_eq!(
+            g.join(v4.clone(), 4),
+            full,
+            "no member id handed out either"
+        );
+        g.join_result(&a).unwrap().unwrap();
+        g.join_result(&b).unwrap().unwrap();
+        g.sync(&a, 2, vec![], 5).unwrap();
+        assert_eq!(g.state(), GroupState::Stable);
+        assert_eq!(g.join(join("", &["range"]), 6), full);
+        // Members rejoin; a static member's new instance replaces it.
+        g.join(join(&b, &["range"]), 7).unwrap();
+        let a2 = g.join(static_join("", "i-a", &["range"]), 8).unwrap();
+        assert_ne!(a2, a);
+        assert_eq!(g.member_ids().len(), 2);
+        // A leave frees a place.
+        g.leave(&b, 9).unwrap();
+        let c = g.join(join("", &["range"]), 10).unwrap();
+        assert!(g.member_ids().contains(&c));
     }
 }

@@ -113,6 +113,10 @@ pub enum ConsumerGroupError {
     /// UNSUPPORTED_VERSION: a member of this protocol must commit with OffsetCommit v9+.
     #[error("members of a consumer-protocol group commit with OffsetCommit v9 or later")]
     UnsupportedVersion,
+    /// GROUP_MAX_SIZE_REACHED: a new member would take the group past
+    /// `group.consumer.max.size`.
+    #[error("the group has its maximum of {0} members")]
+    GroupMaxSizeReached(usize),
 }
 
 /// One ConsumerGroupHeartbeat, decoded (topic ids already resolved to names by the shell; an
@@ -235,6 +239,8 @@ pub struct ConsumerGroup {
     next_member: u64,
     /// Makes those ids unique to this life of the group.
     incarnation: String,
+    /// Kafka's `group.consumer.max.size` ([`ConsumerGroup::with_max_size`]).
+    max_size: usize,
 }
 
 /// What is stored of a group so that a restarted coordinator goes on with it (Kafka keeps the
@@ -395,6 +401,7 @@ impl ConsumerGroup {
             assignor: ASSIGNORS[0],
             next_member: 0,
             incarnation: String::new(),
+            max_size: usize::MAX,
         }
     }
 
@@ -402,6 +409,15 @@ impl ConsumerGroup {
     pub fn with_timeouts(mut self, session_timeout_ms: i64, heartbeat_interval_ms: i32) -> Self {
         self.session_timeout_ms = session_timeout_ms.max(1);
         self.heartbeat_interval_ms = heartbeat_interval_ms.max(1);
+        self
+    }
+
+    /// With Kafka's `group.consumer.max.size`: a join that would add a member beyond `max`
+    /// members is GROUP_MAX_SIZE_REACHED (a static member replacing its instance's holder, or
+    /// a known member joining again, adds none). A group restored with more members keeps
+    /// them.
+    pub fn with_max_size(mut self, max: usize) -> Self {
+        self.max_size = max;
         self
     }
 
@@ -545,6 +561,8 @@ impl ConsumerGroup {
                 if self.members.contains_key(&id) {
                     // A new incarnation of a known member: the old one goes, partitions and all.
                     self.remove(&id);
+                } else if self.members.len() >= self.max_size {
+                    return Err(ConsumerGroupError::GroupMaxSizeReached(self.max_size));
                 }
                 self.members.insert(
                     id.clone(),
@@ -1700,5 +1718,40 @@ mod tests {
             assert_eq!(held, 6, "round {round}: every partition held once settled");
             assert_eq!(g.state_name(), "Stable");
         }
+    }
+
+    /// Kafka's `group.consumer.max.size`: a group of 2 takes no third member, and the refused
+    /// join changes nothing; a member joining again, or a static member's next instance
+    /// replacing it, adds none; a place freed by a leave is taken.
+    #[test]
+    fn a_full_consumer_group_takes_no_new_member() {
+        let mut g = ConsumerGroup::new("g", topics()).with_max_size(2);
+        let mut a = join("a", &["orders"]);
+        a.instance_id = Some("i-a".into());
+        g.heartbeat(a.clone(), 0).unwrap();
+        g.heartbeat(join("b", &["orders"]), 1).unwrap();
+        settle(&mut g, 2);
+        let before = g.state();
+        assert_eq!(
+            g.heartbeat(join("c", &["orders"]), 3),
+            Err(ConsumerGroupError::GroupMaxSizeReached(2))
+        );
+        assert_eq!(g.state(), before, "a refused join changes nothing");
+        // A's temporary leave, then its next instance under a new member id.
+        let held = g.members().find(|m| m.id == "a").unwrap().assigned.clone();
+        let mut away = beat("a", g.group_epoch(), &held);
+        away.member_epoch = STATIC_LEAVE_EPOCH;
+        away.instance_id = Some("i-a".into());
+        g.heartbeat(away, 4).unwrap();
+        let mut a2 = a.clone();
+        a2.member_id = "a2".into();
+        g.heartbeat(a2, 5).unwrap();
+        g.heartbeat(join("b", &["orders"]), 6).unwrap();
+        assert_eq!(g.members().count(), 2);
+        let mut leave = beat("b", 0, &BTreeSet::new());
+        leave.member_epoch = LEAVE_EPOCH;
+        g.heartbeat(leave, 7).unwrap();
+        g.heartbeat(join("c", &["orders"]), 8).unwrap();
+        assert_eq!(g.members().count(), 2);
     }
 }

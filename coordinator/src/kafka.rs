@@ -380,12 +380,14 @@ impl KafkaCoordinator {
         Some(self.with_settings(ConsumerGroup::restore(group_id, topics, state, now)))
     }
 
-    /// `group` with this coordinator's KIP-848 timeouts and a new life for its member ids.
+    /// `group` with this coordinator's KIP-848 timeouts and size limit, and a new life for its
+    /// member ids.
     fn with_settings(&self, group: ConsumerGroup) -> ConsumerGroup {
         let (interval, session) = self.service.group_consumer_timeouts_ms();
         let life = self.lives.fetch_add(1, Ordering::Relaxed) + 1;
         group
             .with_timeouts(session, interval)
+            .with_max_size(self.service.group_max_sizes().1)
             .with_incarnation(&format!("{}.{life}", self.service.incarnation()))
     }
 
@@ -432,12 +434,16 @@ impl KafkaCoordinator {
             .clone()
     }
 
-    /// A slot for `membership`, whose member ids will be of a new life.
+    /// A slot for `membership`, with this coordinator's size limit, whose member ids will be
+    /// of a new life.
     fn new_slot(&self, membership: GroupMembership) -> Arc<GroupSlot> {
         let life = self.lives.fetch_add(1, Ordering::Relaxed) + 1;
         let incarnation = format!("{}.{life}", self.service.incarnation());
+        let membership = membership
+            .with_incarnation(&incarnation)
+            .with_max_size(self.service.group_max_sizes().0);
         Arc::new(GroupSlot {
-            membership: Mutex::new(membership.with_incarnation(&incarnation)),
+            membership: Mutex::new(membership),
             changed: tokio::sync::Notify::new(),
         })
     }
@@ -684,6 +690,7 @@ fn group_code(e: &GroupError) -> i16 {
         GroupError::MemberIdRequired(_) => ResponseError::MemberIdRequired,
         GroupError::FencedInstanceId(_) => ResponseError::FencedInstanceId,
         GroupError::InvalidSessionTimeout(_) => ResponseError::InvalidSessionTimeout,
+        GroupError::GroupMaxSizeReached(_) => ResponseError::GroupMaxSizeReached,
     }
     .code()
 }
@@ -720,6 +727,7 @@ fn consumer_code(e: &ConsumerGroupError) -> i16 {
         ConsumerGroupError::UnreleasedInstanceId(_) => ResponseError::UnreleasedInstanceId,
         ConsumerGroupError::FencedInstanceId(_) => ResponseError::FencedInstanceId,
         ConsumerGroupError::UnsupportedVersion => ResponseError::UnsupportedVersion,
+        ConsumerGroupError::GroupMaxSizeReached(_) => ResponseError::GroupMaxSizeReached,
     }
     .code()
 }

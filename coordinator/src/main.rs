@@ -71,6 +71,14 @@ struct Args {
     /// milliseconds (Kafka's group.consumer.session.timeout.ms; default 45000).
     #[arg(long, env = "GROUP_CONSUMER_SESSION_TIMEOUT_MS", default_value_t = coordinator::DEFAULT_GROUP_CONSUMER_SESSION_TIMEOUT.as_millis() as u64)]
     group_consumer_session_timeout_ms: u64,
+    /// The most members a classic consumer group takes; a new member beyond it is
+    /// GROUP_MAX_SIZE_REACHED (Kafka's group.max.size; default 2147483647).
+    #[arg(long, env = "GROUP_MAX_SIZE", default_value_t = coordinator::DEFAULT_GROUP_MAX_SIZE)]
+    group_max_size: usize,
+    /// The most members a KIP-848 consumer group takes (Kafka's group.consumer.max.size;
+    /// default 2147483647).
+    #[arg(long, env = "GROUP_CONSUMER_MAX_SIZE", default_value_t = coordinator::DEFAULT_GROUP_MAX_SIZE)]
+    group_consumer_max_size: usize,
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 0.0.0.0:9404.
     #[arg(long, env = "METRICS_LISTEN")]
     metrics_listen: Option<String>,
@@ -109,6 +117,8 @@ async fn main() -> anyhow::Result<()> {
         Duration::from_millis(args.group_consumer_heartbeat_interval_ms.max(1));
     config.group_consumer_session_timeout =
         Duration::from_millis(args.group_consumer_session_timeout_ms.max(1));
+    config.group_max_size = args.group_max_size;
+    config.group_consumer_max_size = args.group_consumer_max_size;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

@@ -103,7 +103,10 @@ struct Consumer {
 }
 
 fuzz_target!(|ops: Vec<Op>| {
-    let mut group = GroupMembership::with_initial_delay("g", 50).with_incarnation("1.1.1");
+    // Four consumers and `group.max.size` 3: the fourth is refused at times.
+    let mut group = GroupMembership::with_initial_delay("g", 50)
+        .with_incarnation("1.1.1")
+        .with_max_size(3);
     let mut consumers = vec![Consumer::default(); 4];
     let mut handed_out: BTreeSet<String> = BTreeSet::new();
     let mut now: i64 = 1_000_000;
@@ -118,7 +121,8 @@ fuzz_target!(|ops: Vec<Op>| {
                 Some(record) => GroupMembership::restore("g", 50, record, now),
                 None => GroupMembership::with_initial_delay("g", 50),
             }
-            .with_incarnation(&incarnation);
+            .with_incarnation(&incarnation)
+            .with_max_size(3);
             assert!(
                 group.generation() >= shell.answered,
                 "restored at {} below generation {} handed out",

@@ -2612,6 +2612,47 @@ async fn kafka_python_group_consumer_survives_a_restart_of_its_coordinator() {
     cluster.shutdown().await.unwrap();
 }
 
+/// `group.max.size` and `group.consumer.max.size` (1 here): a second member's JoinGroup, and
+/// a second member's ConsumerGroupHeartbeat join, are GROUP_MAX_SIZE_REACHED over Kafka's
+/// protocol; the member already in each group is not disturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn full_groups_answer_group_max_size_reached() {
+    const GROUP_MAX_SIZE_REACHED: i16 = 81;
+    let cluster = cluster_with(minibroker::EmbeddedOptions {
+        group_max_sizes: (1, 1),
+        group_initial_rebalance_delay: Duration::ZERO,
+        ..Default::default()
+    })
+    .await;
+    let classic = "max-size-classic";
+    let coordinator = cluster
+        .kafka_address(cluster.coordinator_for(classic))
+        .unwrap();
+    let join = || async {
+        let ResponseKind::JoinGroup(r) =
+            kafka_call(coordinator, ApiKey::JoinGroup, 3, join_group(classic, "")).await
+        else {
+            panic!("JoinGroup response")
+        };
+        r
+    };
+    let first = join().await;
+    assert_eq!((first.error_code, first.generation_id), (0, 1));
+    assert_eq!(join().await.error_code, GROUP_MAX_SIZE_REACHED);
+
+    let kip848 = "max-size-kip848";
+    let coordinator = cluster
+        .kafka_address(cluster.coordinator_for(kip848))
+        .unwrap();
+    let (code, epoch, _) = kip848_heartbeat(coordinator, kip848, "a", 0, Some(&[])).await;
+    assert_eq!((code, epoch), (0, 1));
+    let (code, _, _) = kip848_heartbeat(coordinator, kip848, "b", 0, Some(&[])).await;
+    assert_eq!(code, GROUP_MAX_SIZE_REACHED);
+    let (code, epoch, _) = kip848_heartbeat(coordinator, kip848, "a", 1, None).await;
+    assert_eq!((code, epoch), (0, 1), "the member in the group goes on");
+    cluster.shutdown().await.unwrap();
+}
+
 /// A cluster whose KIP-848 groups heartbeat every 200 ms instead of Kafka's 5 s.
 async fn kip848_cluster() -> minibroker::EmbeddedCluster {
     cluster_with(minibroker::EmbeddedOptions {

@@ -61,6 +61,9 @@ pub struct EmbeddedOptions {
     /// Coordinators' `group.consumer.session.timeout.ms` for KIP-848 consumer groups (default
     /// 45 s, as Kafka's; tests use less).
     pub group_consumer_session_timeout: Duration,
+    /// Coordinators' `group.max.size` and `group.consumer.max.size` (classic and KIP-848
+    /// groups; default Kafka's, `Integer.MAX_VALUE`).
+    pub group_max_sizes: (usize, usize),
     /// Leaders' `producer.id.expiration.ms` and how often they look for expired states
     /// (default 1 day and 10 minutes, as Kafka's; tests use less).
     pub producer_id_expiration: (Duration, Duration),
@@ -90,6 +93,10 @@ impl Default for EmbeddedOptions {
             group_consumer_heartbeat_interval:
                 coordinator::DEFAULT_GROUP_CONSUMER_HEARTBEAT_INTERVAL,
             group_consumer_session_timeout: coordinator::DEFAULT_GROUP_CONSUMER_SESSION_TIMEOUT,
+            group_max_sizes: (
+                coordinator::DEFAULT_GROUP_MAX_SIZE,
+                coordinator::DEFAULT_GROUP_MAX_SIZE,
+            ),
             producer_id_expiration: (
                 partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION,
                 partition_leader::DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL,
@@ -277,6 +284,7 @@ impl EmbeddedCluster {
                 config.group_consumer_heartbeat_interval =
                     options.group_consumer_heartbeat_interval;
                 config.group_consumer_session_timeout = options.group_consumer_session_timeout;
+                (config.group_max_size, config.group_consumer_max_size) = options.group_max_sizes;
                 config.cluster_secret = Some(secret);
                 config.peer_check_interval = Duration::from_millis(200);
                 tokio::spawn(async move {

@@ -57,6 +57,13 @@ impl LocalService {
         )
     }
 
+    /// Kafka's `group.max.size` (classic groups) and `group.consumer.max.size` (KIP-848
+    /// groups), as configured.
+    pub(crate) fn group_max_sizes(&self) -> (usize, usize) {
+        let config = &self.shared.config;
+        (config.group_max_size, config.group_consumer_max_size)
+    }
+
     /// This node's life: `<node id>.<coordinator generation>`, which no other node, and no
     /// earlier or later start of this one, has (the generation is bumped and persisted at every
     /// start, before anything is served).

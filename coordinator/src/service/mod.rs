@@ -149,6 +149,10 @@ pub const DEFAULT_GROUP_CONSUMER_HEARTBEAT_INTERVAL: Duration = Duration::from_s
 /// `group.consumer.session.timeout.ms`.
 pub const DEFAULT_GROUP_CONSUMER_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 
+/// Default of [`CoordinatorConfig::group_max_size`] and
+/// [`CoordinatorConfig::group_consumer_max_size`]: Kafka's (`Integer.MAX_VALUE`).
+pub const DEFAULT_GROUP_MAX_SIZE: usize = i32::MAX as usize;
+
 /// How to run a coordinator.
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
@@ -186,6 +190,11 @@ pub struct CoordinatorConfig {
     /// How long a KIP-848 consumer group member may stay silent before it is removed (Kafka's
     /// `group.consumer.session.timeout.ms`).
     pub group_consumer_session_timeout: Duration,
+    /// The most members a classic group takes (Kafka's `group.max.size`): a new member beyond
+    /// it is GROUP_MAX_SIZE_REACHED.
+    pub group_max_size: usize,
+    /// The most members a KIP-848 group takes (Kafka's `group.consumer.max.size`).
+    pub group_consumer_max_size: usize,
     /// Where this node counts what it does (serve them with [`cluster::metrics::serve_http`]).
     pub metrics: Metrics,
 }
@@ -211,6 +220,8 @@ impl CoordinatorConfig {
             group_initial_rebalance_delay: DEFAULT_GROUP_INITIAL_REBALANCE_DELAY,
             group_consumer_heartbeat_interval: DEFAULT_GROUP_CONSUMER_HEARTBEAT_INTERVAL,
             group_consumer_session_timeout: DEFAULT_GROUP_CONSUMER_SESSION_TIMEOUT,
+            group_max_size: DEFAULT_GROUP_MAX_SIZE,
+            group_consumer_max_size: DEFAULT_GROUP_MAX_SIZE,
             metrics: Metrics::new(),
         }
     }

@@ -38,6 +38,14 @@ pub struct DevArgs {
     /// (Kafka's `group.consumer.session.timeout.ms`; default 45000).
     #[arg(long, value_name = "MS")]
     group_consumer_session_timeout_ms: Option<u64>,
+    /// Classic groups: the most members a group takes; a new member beyond it is
+    /// GROUP_MAX_SIZE_REACHED (Kafka's `group.max.size`; default 2147483647).
+    #[arg(long, value_name = "N")]
+    group_max_size: Option<usize>,
+    /// KIP-848 groups: the most members a group takes (Kafka's `group.consumer.max.size`;
+    /// default 2147483647).
+    #[arg(long, value_name = "N")]
+    group_consumer_max_size: Option<usize>,
 }
 
 /// Starts the cluster, prints where it is, runs until ctrl-c, shuts it down.
@@ -50,6 +58,8 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         metrics,
         group_consumer_heartbeat_interval_ms,
         group_consumer_session_timeout_ms,
+        group_max_size,
+        group_consumer_max_size,
     } = args;
     let temporary = data_dir.is_none();
     let defaults = EmbeddedOptions::default();
@@ -65,6 +75,10 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         group_consumer_session_timeout: ms(
             group_consumer_session_timeout_ms,
             defaults.group_consumer_session_timeout,
+        ),
+        group_max_sizes: (
+            group_max_size.unwrap_or(defaults.group_max_sizes.0),
+            group_consumer_max_size.unwrap_or(defaults.group_max_sizes.1),
         ),
         ..defaults
     })
@@ -131,6 +145,7 @@ pub async fn run(args: DevArgs, json: bool) -> anyhow::Result<ExitCode> {
         minibroker::outln!("  minibroker produce --transactional-id app-1 --records 100 --per-txn 10 --abort-every 3");
         minibroker::outln!("  minibroker consume --from-beginning");
         minibroker::outln!("  minibroker transactions list");
+        minibroker::outln!("  minibroker groups list");
         minibroker::outln!("  kcat -b {kafka_bootstrap} -L");
     }
     let signal = stop_signal().await;
