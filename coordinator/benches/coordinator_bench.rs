@@ -40,6 +40,10 @@
 //! the async runtime); sled's flush cost depends heavily on
 //! the disk (tmpfs vs. a real fsync), so read the ratios more than the absolute numbers.
 
+/// The allocator of the binaries (see their `main.rs`), so the bench measures what they run.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -9,6 +9,12 @@
 //! `/metrics`. Logs go to stderr through `tracing` (filter with RUST_LOG, default `info`; text or
 //! `--log-format json`, LOG_FORMAT). SIGTERM or ctrl-c stops the server cleanly (sled flushed and closed).
 
+/// The allocator: mimalloc's thread-local heaps instead of glibc malloc, whose arena locks the
+/// runtime's workers and the storage threads contended for (`perf`: a fifth of the
+/// coordinator's CPU under load in malloc, free and their futex waits; see README, "Performance").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

@@ -30,6 +30,10 @@
 //! records over its total time. Environment: `BENCH_SECS` (per row, default 3); `BENCH_ONLY`
 //! (run only the rows whose name contains it, plus the baselines; e.g. for `perf record`).
 
+/// The allocator of the binaries (see their `main.rs`), so the bench measures what they run.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

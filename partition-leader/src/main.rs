@@ -3,6 +3,12 @@
 //! serves Prometheus metrics at `/metrics`; logs go to stderr (RUST_LOG, `--log-format
 //! text|json` or LOG_FORMAT).
 
+/// The allocator: mimalloc's thread-local heaps instead of glibc malloc, whose arena locks the
+/// runtime's workers and the storage threads contended for (`perf`: a fifth of the
+/// coordinator's CPU under load in malloc, free and their futex waits; see README, "Performance").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
