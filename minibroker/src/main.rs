@@ -3,12 +3,6 @@
 //! This file only parses the arguments, sets up tracing and the runtime, and dispatches to one
 //! file per command under `cmd/`.
 
-/// The allocator: mimalloc's thread-local heaps instead of glibc malloc, whose arena locks the
-/// runtime's workers and the storage threads contended for (`perf`: a fifth of the
-/// coordinator's CPU under load in malloc, free and their futex waits; see README, "Performance").
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::process::ExitCode;
 
 use clap::Parser;

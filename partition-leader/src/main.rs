@@ -5,7 +5,7 @@
 
 /// The allocator: mimalloc's thread-local heaps instead of glibc malloc, whose arena locks the
 /// runtime's workers and the storage threads contended for (`perf`: a fifth of the
-/// coordinator's CPU under load in malloc, free and their futex waits; see README, "Performance").
+/// coordinator's CPU under load in malloc, free and their futex waits; README, "The allocator").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
