@@ -21,6 +21,8 @@ struct TestStorage {
     gate: Mutex<bool>,
     opened: Condvar,
     fail_writes: AtomicBool,
+    /// Reading the stored groups fails (at the restore, before the node serves).
+    fail_group_reads: AtomicBool,
     /// While set, a removal (an expired id) waits in the storage.
     hold_removals: Mutex<bool>,
     removals_released: Condvar,
@@ -188,6 +190,9 @@ impl Storage for TestStorage {
         &self,
         protocol: GroupProtocol,
     ) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        if self.fail_group_reads.load(Ordering::SeqCst) {
+            return Err(StorageError::Task("injected read failure".into()));
+        }
         self.inner.group_states(protocol)
     }
     fn group_offsets(&self, group: &str) -> Result<PendingOffsets, StorageError> {
@@ -1079,6 +1084,27 @@ async fn describe_groups_answers_bad_and_unknown_groups_each_and_creates_none() 
     assert_eq!((listed.error_code, listed.groups.len()), (0, 0));
     let _ = stop.send(());
     task.await.unwrap().unwrap();
+}
+
+/// The stored groups are restored before the node serves: when they cannot be read, the load
+/// fails and the coordinator stops with the storage's error instead of serving groups it does not
+/// hold (their members would be told they are unknown, and rebalance).
+#[tokio::test]
+async fn a_coordinator_that_cannot_read_its_groups_does_not_serve() {
+    let storage = Arc::new(TestStorage::default());
+    storage.fail_group_reads.store(true, Ordering::SeqCst);
+    storage.open_gate();
+    let (_, _, _stop, task) = serve_kafka(storage.clone(), "").await;
+    let ended = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the coordinator stops by itself")
+        .unwrap();
+    match ended {
+        Err(coordinator::Error::Storage(e)) => {
+            assert!(e.to_string().contains("injected read failure"), "{e}")
+        }
+        other => panic!("expected the storage's error, got {other:?}"),
+    }
 }
 
 /// Durable before acknowledged, for a classic group: a SyncGroup whose generation cannot be
