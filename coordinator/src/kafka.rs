@@ -301,8 +301,7 @@ impl KafkaCoordinator {
             .group_state_change(
                 GroupProtocol::Consumer,
                 group_id.to_string(),
-                || false,
-                |_| {
+                || {
                     let mut groups = self.consumer_groups();
                     let Some(group) = groups.get_mut(group_id) else {
                         return (None, ());
@@ -464,8 +463,7 @@ impl KafkaCoordinator {
             .group_state_change(
                 GroupProtocol::Classic,
                 group_id.to_string(),
-                || false,
-                |_| {
+                || {
                     let Some(record) = slot.lock().to_store() else {
                         return (None, None);
                     };
@@ -1089,24 +1087,17 @@ impl KafkaCoordinator {
             .group_state_change(
                 GroupProtocol::Consumer,
                 group_id.clone(),
-                || !self.consumer_groups().contains_key(&group_id),
-                |stored| {
+                || {
                     let now = cluster::node::now_ms();
                     let mut groups = self.consumer_groups();
                     if !groups.contains_key(&group_id) {
-                        let restored = stored.and_then(|bytes| {
-                            self.restored_group(&group_id, topics.clone(), &bytes)
-                        });
-                        let group = match restored {
-                            Some(group) => group,
-                            None if joining => {
-                                self.with_settings(ConsumerGroup::new(&group_id, topics))
-                            }
-                            None => {
-                                let e = ConsumerGroupError::UnknownMemberId(heartbeat.member_id);
-                                return (None, Err(e));
-                            }
-                        };
+                        // Every stored group was restored before the node served: one this
+                        // face does not hold has nothing stored.
+                        if !joining {
+                            let e = ConsumerGroupError::UnknownMemberId(heartbeat.member_id);
+                            return (None, Err(e));
+                        }
+                        let group = self.with_settings(ConsumerGroup::new(&group_id, topics));
                         groups.insert(group_id.clone(), group);
                     }
                     let group = groups.get_mut(&group_id).expect("inserted");

@@ -2162,28 +2162,7 @@ async fn a_group_member_from_before_a_coordinator_restart_is_fenced() {
         assert_eq!(r.error_code, 0, "SyncGroup");
     };
     let commit = |member: String, generation: i32, offset: i64| async move {
-        let mut c = OffsetCommitRequest::default();
-        c.group_id = GroupId(s(group));
-        c.member_id = s(&member);
-        c.generation_id_or_member_epoch = generation;
-        let mut t = offset_commit_request::OffsetCommitRequestTopic::default();
-        t.name = TopicName(s("input"));
-        let mut p = offset_commit_request::OffsetCommitRequestPartition::default();
-        p.partition_index = 0;
-        p.committed_offset = offset;
-        t.partitions = vec![p];
-        c.topics = vec![t];
-        let ResponseKind::OffsetCommit(r) = kafka_call(
-            coordinator,
-            ApiKey::OffsetCommit,
-            8,
-            RequestKind::OffsetCommit(c),
-        )
-        .await
-        else {
-            panic!("OffsetCommit response")
-        };
-        r.topics[0].partitions[0].error_code
+        testkit::kafka::member_commit(coordinator, 8, group, &member, generation, offset).await
     };
 
     let (zombie, zombie_generation) = join().await;
@@ -2317,28 +2296,7 @@ async fn classic_membership_survives_a_coordinator_restart() {
         r.error_code
     };
     let commit = |coordinator, member: String, generation: i32, offset: i64| async move {
-        let mut c = OffsetCommitRequest::default();
-        c.group_id = GroupId(s(group));
-        c.member_id = s(&member);
-        c.generation_id_or_member_epoch = generation;
-        let mut t = offset_commit_request::OffsetCommitRequestTopic::default();
-        t.name = TopicName(s("input"));
-        let mut p = offset_commit_request::OffsetCommitRequestPartition::default();
-        p.partition_index = 0;
-        p.committed_offset = offset;
-        t.partitions = vec![p];
-        c.topics = vec![t];
-        let ResponseKind::OffsetCommit(r) = kafka_call(
-            coordinator,
-            ApiKey::OffsetCommit,
-            8,
-            RequestKind::OffsetCommit(c),
-        )
-        .await
-        else {
-            panic!("OffsetCommit response")
-        };
-        r.topics[0].partitions[0].error_code
+        testkit::kafka::member_commit(coordinator, 8, group, &member, generation, offset).await
     };
     // Described once the restarted coordinator serves: (state, [(member id, assignment)]).
     let describe = |coordinator| async move {
@@ -2717,32 +2675,7 @@ async fn kip848_commit(
     epoch: i32,
     version: i16,
 ) -> i16 {
-    use kafka_protocol::messages::offset_commit_request::{
-        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
-    };
-    use kafka_protocol::messages::{GroupId, OffsetCommitRequest, TopicName};
-    let mut r = OffsetCommitRequest::default();
-    r.group_id = GroupId(str_bytes(group));
-    r.member_id = str_bytes(member);
-    r.generation_id_or_member_epoch = epoch;
-    let mut t = OffsetCommitRequestTopic::default();
-    t.name = TopicName(str_bytes("input"));
-    let mut p = OffsetCommitRequestPartition::default();
-    p.partition_index = 0;
-    p.committed_offset = 7;
-    t.partitions = vec![p];
-    r.topics = vec![t];
-    let ResponseKind::OffsetCommit(c) = kafka_call(
-        coordinator,
-        ApiKey::OffsetCommit,
-        version,
-        RequestKind::OffsetCommit(r),
-    )
-    .await
-    else {
-        panic!("OffsetCommit response")
-    };
-    c.topics[0].partitions[0].error_code
+    testkit::kafka::member_commit(coordinator, version, group, member, epoch, 7).await
 }
 
 /// An OffsetFetch v9 of `group` (all its offsets) as `member` at `epoch`: (the group's error

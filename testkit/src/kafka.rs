@@ -350,6 +350,44 @@ pub async fn offset_commit(
         .collect()
 }
 
+/// An OffsetCommit (API `version`) of `offset` for input-0 of `group`, as `member` at
+/// `generation` (a classic generation, or a KIP-848 member epoch): the partition's error code.
+pub async fn member_commit(
+    coordinator: std::net::SocketAddr,
+    version: i16,
+    group: &str,
+    member: &str,
+    generation: i32,
+    offset: i64,
+) -> i16 {
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{GroupId, OffsetCommitRequest, TopicName};
+    let mut r = OffsetCommitRequest::default();
+    r.group_id = GroupId(str_bytes(group));
+    r.member_id = str_bytes(member);
+    r.generation_id_or_member_epoch = generation;
+    let mut t = OffsetCommitRequestTopic::default();
+    t.name = TopicName(str_bytes("input"));
+    let mut p = OffsetCommitRequestPartition::default();
+    p.partition_index = 0;
+    p.committed_offset = offset;
+    t.partitions = vec![p];
+    r.topics = vec![t];
+    let ResponseKind::OffsetCommit(c) = call(
+        coordinator,
+        ApiKey::OffsetCommit,
+        version,
+        RequestKind::OffsetCommit(r),
+    )
+    .await
+    else {
+        panic!("OffsetCommit response")
+    };
+    c.topics[0].partitions[0].error_code
+}
+
 /// OffsetFetch v7 of every committed offset of `group`: (topic, partition, offset), in order.
 pub async fn committed_offsets(
     coordinator: std::net::SocketAddr,

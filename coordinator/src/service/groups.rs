@@ -389,31 +389,21 @@ impl Shared {
     }
 
     /// One change of the group `group`'s membership of `protocol`, under the group's write
-    /// lock, so that the changes reach storage in the order they were made: `change` gets the
-    /// group's stored state (read from storage only when `needs_load`, asked under the lock,
-    /// says the caller does not hold the group in memory) and returns what to store
-    /// (`Some(Some(state))`, `Some(None)` to remove it, `None` for nothing) with its answer,
-    /// which is returned once what it stored is durable; `written` gets the answer under the
-    /// lock once a write is durable (a caller that keeps what storage holds updates it there,
-    /// before any other change of the group is written).
+    /// lock, so that the changes reach storage in the order they were made: `change` returns
+    /// what to store (`Some(Some(state))`, `Some(None)` to remove it, `None` for nothing) with
+    /// its answer, which is returned once what it stored is durable; `written` gets the answer
+    /// under the lock once a write is durable (a caller that keeps what storage holds updates
+    /// it there, before any other change of the group is written).
     pub(super) async fn group_state_change<T>(
         &self,
         protocol: GroupProtocol,
         group: String,
-        needs_load: impl FnOnce() -> bool,
-        change: impl FnOnce(Option<Vec<u8>>) -> (Option<Option<Vec<u8>>>, T),
+        change: impl FnOnce() -> (Option<Option<Vec<u8>>>, T),
         written: impl FnOnce(&T),
     ) -> Result<T, Error> {
         self.check_owner(&group)?;
         let _guard = self.group_state_writes.lock(&group).await;
-        let stored = if needs_load() {
-            let g = group.clone();
-            self.blocking(move |st| st.group_state(protocol, &g))
-                .await?
-        } else {
-            None
-        };
-        let (write, answer) = change(stored);
+        let (write, answer) = change();
         if let Some(state) = write {
             self.blocking(move |st| st.put_group_state(protocol, &group, state.as_deref()))
                 .await?;

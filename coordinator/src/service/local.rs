@@ -171,12 +171,11 @@ impl LocalService {
         &self,
         protocol: GroupProtocol,
         group: String,
-        needs_load: impl FnOnce() -> bool,
-        change: impl FnOnce(Option<Vec<u8>>) -> (Option<Option<Vec<u8>>>, T),
+        change: impl FnOnce() -> (Option<Option<Vec<u8>>>, T),
         written: impl FnOnce(&T),
     ) -> Result<T, Error> {
         self.shared
-            .group_state_change(protocol, group, needs_load, change, written)
+            .group_state_change(protocol, group, change, written)
             .await
     }
 
