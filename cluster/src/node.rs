@@ -99,10 +99,31 @@ pub fn open_sled(dir: &Path, wait: Duration) -> std::io::Result<sled::Db> {
 }
 
 /// What [`open_sled`] does before opening, for a store that opens sled itself: creates `dir`
-/// and waits (up to `wait`) until no previous instance holds sled's lock file. Blocking.
+/// (durably, [`create_dir_durably`]) and waits (up to `wait`) until no previous instance holds
+/// sled's lock file. Blocking.
 pub fn prepare_sled_dir(dir: &Path, wait: Duration) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    create_dir_durably(dir)?;
     wait_until_unlocked(dir, wait)
+}
+
+/// Creates `dir` and its missing parents, as `create_dir_all`, and makes each new directory's
+/// entry durable (an fsync of the directory holding it), so that a power cut after the first
+/// flush of a file in `dir` cannot take `dir` away. Nothing is synced when `dir` existed.
+pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    // The nearest existing ancestor: every directory below it is new.
+    let existing = dir.ancestors().find(|a| a.is_dir());
+    if existing == Some(dir) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    for created in dir.ancestors() {
+        let parent = created.parent().filter(|p| !p.as_os_str().is_empty());
+        std::fs::File::open(parent.unwrap_or(Path::new(".")))?.sync_all()?;
+        if parent == existing {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Closes a sled-backed store for good: waits (up to `wait`) until `store` is the last
@@ -240,6 +261,20 @@ mod tests {
         assert!(m.is_poisoned());
         *lock(&m) += 1;
         assert_eq!(*lock(&m), 2);
+    }
+
+    #[test]
+    fn create_dir_durably_creates_the_missing_parents_and_keeps_what_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a/b/c");
+        create_dir_durably(&deep).unwrap();
+        assert!(deep.is_dir());
+        std::fs::write(deep.join("kept"), b"x").unwrap();
+        create_dir_durably(&deep).unwrap();
+        assert_eq!(std::fs::read(deep.join("kept")).unwrap(), b"x");
+        // A file in the way is an error, not a panic.
+        std::fs::write(dir.path().join("file"), b"x").unwrap();
+        assert!(create_dir_durably(&dir.path().join("file/d")).is_err());
     }
 
     #[tokio::test]

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
-use proto::partition_leader_server::PartitionLeaderServer;
 use proto::{ErrorCode, TxnState};
 
 fn long_wait(config: &mut coordinator::CoordinatorConfig) {
@@ -121,33 +120,6 @@ async fn fencing_init_answers_once_the_abort_completed() {
     let r = old.init_raw(60_000, (-1, -1)).await;
     assert_eq!(code(r.error_code), ErrorCode::None, "{}", r.error_message);
     assert_eq!(r.producer_epoch, pe.1 + 2);
-}
-
-/// A data directory and topology for a coordinator child process at a free address, with
-/// leader 101 served in-process by `leader`.
-async fn killable_setup(leader: &FakeLeader) -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let leader_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let leader_addr = leader_listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(PartitionLeaderServer::new(leader.clone()))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
-                leader_listener,
-            )),
-    );
-    let addr = testkit::process::free_address();
-    std::fs::write(
-        dir.path().join("topology.toml"),
-        format!(
-            "transaction_state_partitions = 8\n\
-             [[coordinators]]\nid = 1\naddress = \"{addr}\"\n\
-             [[leaders]]\nid = 101\naddress = \"{leader_addr}\"\n\
-             [[topics]]\nname = \"t\"\nleaders = [101, 101, 101]\n"
-        ),
-    )
-    .unwrap();
-    (dir, addr)
 }
 
 #[tokio::test]

@@ -11,7 +11,9 @@
 //! - [`logs`]: the numbers a node's text log reports (`group commit flushed writes=8`).
 //! - [`poll`]: [`eventually`], the one polling helper: wait on a condition with a deadline,
 //!   never a bare sleep ([`poll::wait_until`] is its front for a `bool` condition).
-//! - [`process`]: a node binary as a child process that a test can SIGKILL.
+//! - [`process`]: a node binary as a child process that a test can SIGKILL (or SIGSTOP).
+//! - [`power`]: a disk whose power can be cut (ext4 on a loop device): what a node keeps when
+//!   the machine loses power.
 //! - [`requests`]: protocol messages built once (EndTxn, Fetch, WriteTxnMarkers, a batch) and
 //!   the values of a fetch reply.
 //! - [`standard`]: clients of the standard gRPC services every node serves (health and
@@ -33,6 +35,7 @@ pub mod golden;
 pub mod kafka;
 pub mod logs;
 pub mod poll;
+pub mod power;
 pub mod process;
 pub mod requests;
 pub mod standard;

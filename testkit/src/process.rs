@@ -65,6 +65,16 @@ impl Node {
         Self(child)
     }
 
+    /// SIGSTOP: the process does nothing more, its writes stay where they are (for a power cut,
+    /// [`crate::power::PowerCutDisk::cut`]). Drop or [`Node::kill`] it after.
+    pub fn freeze(&self) {
+        let status = Command::new("kill")
+            .args(["-STOP", &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -STOP {}", self.0.id());
+    }
+
     /// SIGKILL, at once: no clean stop, no flush at shutdown.
     pub fn kill(mut self) {
         self.0.kill().unwrap();

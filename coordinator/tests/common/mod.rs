@@ -440,6 +440,33 @@ pub fn stable(mut d: TransactionDescription) -> TransactionDescription {
     d
 }
 
+/// A data directory and topology for a coordinator child process at a free address, with
+/// leader 101 served in-process by `leader`.
+pub async fn killable_setup(leader: &FakeLeader) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let leader_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let leader_addr = leader_listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(PartitionLeaderServer::new(leader.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
+                leader_listener,
+            )),
+    );
+    let addr = testkit::process::free_address();
+    std::fs::write(
+        dir.path().join("topology.toml"),
+        format!(
+            "transaction_state_partitions = 8\n\
+             [[coordinators]]\nid = 1\naddress = \"{addr}\"\n\
+             [[leaders]]\nid = 101\naddress = \"{leader_addr}\"\n\
+             [[topics]]\nname = \"t\"\nleaders = [101, 101, 101]\n"
+        ),
+    )
+    .unwrap();
+    (dir, addr)
+}
+
 /// Starts the coordinator binary as node 1 at `addr`, with `dir/data` and `dir/topology.toml`
 /// (a process a test can SIGKILL), logging to `log`.
 pub fn spawn_coordinator(

@@ -573,7 +573,15 @@ impl Config {
             options.create_new(true);
         }
 
-        self.try_lock(options.open(&self.db_path())?)
+        let file = self.try_lock(options.open(&self.db_path())?)?;
+        // mini-broker: the names of the files just created (the data file, the config, the
+        // blobs directory) are durable before anything written to them is: a power cut after
+        // the first flush must not take the file itself away. Upstream never synced the
+        // directory.
+        if !self.temporary {
+            fs::File::open(self.get_path())?.sync_all()?;
+        }
+        Ok(file)
     }
 
     fn try_lock(&self, file: File) -> Result<File> {
@@ -678,6 +686,8 @@ impl Config {
         io_fail!(self, "write_config crc");
         f.write_all(&crc_arr)?;
         io_fail!(self, "write_config post");
+        // mini-broker: synced (upstream did not); the directory entry is synced by `open_file`.
+        f.sync_all()?;
         Ok(())
     }
 

@@ -559,6 +559,9 @@ fn write_snapshot(config: &RunningConfig, snapshot: &Snapshot) -> Result<()> {
 
     io_fail!(config, "snap write mv");
     std::fs::rename(&path_1, &path_2)?;
+    // mini-broker: the rename is durable before the old snapshots are removed and before the
+    // log segments this snapshot covers can be reused (upstream never synced the directory).
+    std::fs::File::open(parent)?.sync_all()?;
     io_fail!(config, "snap write mv post");
 
     trace!("renamed snapshot to {}", path_2.to_string_lossy());
