@@ -35,6 +35,7 @@ pub mod logs;
 pub mod marker_fence;
 pub mod metrics;
 pub mod node;
+pub mod power_cut;
 pub mod service;
 pub mod topology;
 

@@ -20,15 +20,14 @@ use std::time::Duration;
 
 use common::*;
 use proto::ErrorCode;
-use testkit::power::PowerCutDisk;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_power_cut_right_after_acknowledgements_loses_no_epoch() {
     const TASKS: usize = 16;
     let leader = FakeLeader::default();
     let (dir, addr) = killable_setup(&leader).await;
-    let Some(disk) =
-        PowerCutDisk::mount_or_skip(&dir.path().join("disk.img"), &dir.path().join("data"), 256)
+    let Some(mut disk) =
+        testkit::power::disk_or_skip(&dir.path().join("disk.img"), &dir.path().join("data"), 256)
     else {
         return;
     };
@@ -102,7 +101,7 @@ async fn a_power_cut_right_after_acknowledgements_loses_no_epoch() {
     process.kill();
     let acknowledged = std::mem::take(&mut *acknowledged.lock().unwrap());
 
-    let _disk = disk.mount_after_cut(&after_cut).unwrap();
+    disk.boot_from(&after_cut).unwrap();
     let _process = spawn_coordinator(dir.path(), &addr, &dir.path().join("second.log"));
     let mut client = connect(&addr).await;
     let mut went_back = Vec::new();

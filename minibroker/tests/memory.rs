@@ -74,6 +74,7 @@ async fn a_producer_holds_at_most_buffer_memory_while_a_leader_is_down() {
             dir: dir.path().to_path_buf(),
             timeout_scan_ms: 100,
             unsafe_skip_epoch_check: false,
+            power_cuts: false,
         },
         &topology,
     );

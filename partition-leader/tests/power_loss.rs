@@ -20,7 +20,6 @@ use std::time::Duration;
 use common::{connect_process, spawn_leader_process};
 
 use proto::{ErrorCode, ProduceRequest};
-use testkit::power::PowerCutDisk;
 use testkit::requests::{self, code, values};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -28,8 +27,8 @@ async fn a_power_cut_right_after_acknowledgements_loses_no_acknowledged_record()
     const PRODUCERS: i64 = 6;
     const RECORDS: i32 = 8;
     let dir = tempfile::tempdir().unwrap();
-    let Some(disk) =
-        PowerCutDisk::mount_or_skip(&dir.path().join("disk.img"), &dir.path().join("data"), 256)
+    let Some(mut disk) =
+        testkit::power::disk_or_skip(&dir.path().join("disk.img"), &dir.path().join("data"), 256)
     else {
         return;
     };
@@ -105,7 +104,7 @@ async fn a_power_cut_right_after_acknowledgements_loses_no_acknowledged_record()
     process.kill();
     let acknowledged = std::mem::take(&mut *acknowledged.lock().unwrap());
 
-    let _disk = disk.mount_after_cut(&after_cut).unwrap();
+    disk.boot_from(&after_cut).unwrap();
     let _process = spawn_leader_process(dir.path(), &addr, &dir.path().join("second.log"));
     // Up once it answers a fetch: anything but NONE after a while is a damaged log.
     let mut client = connect_after_cut(&addr).await;

@@ -12,8 +12,8 @@
 //! - [`poll`]: [`eventually`], the one polling helper: wait on a condition with a deadline,
 //!   never a bare sleep ([`poll::wait_until`] is its front for a `bool` condition).
 //! - [`process`]: a node binary as a child process that a test can SIGKILL (or SIGSTOP).
-//! - [`power`]: a disk whose power can be cut (ext4 on a loop device): what a node keeps when
-//!   the machine loses power.
+//! - [`power`]: a disk whose power can be cut (ext4 on a loop device,
+//!   [`cluster::power_cut`]), or a skip (a failure where CI requires it).
 //! - [`requests`]: protocol messages built once (EndTxn, Fetch, WriteTxnMarkers, a batch) and
 //!   the values of a fetch reply.
 //! - [`standard`]: clients of the standard gRPC services every node serves (health and

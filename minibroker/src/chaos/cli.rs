@@ -37,6 +37,12 @@ pub struct ChaosArgs {
     /// DANGER: leaders skip the epoch check; the checker must report zombie writes.
     #[arg(long, hide = true)]
     pub unsafe_skip_epoch_check: bool,
+    /// Cut the power of nodes too: each node keeps its data on an ext4 image of its own on a
+    /// loop device, and a `power-cut` freezes a node, keeps only what its disk holds (dirty
+    /// pages and uncommitted file-system metadata are gone) and starts it again on that. Needs
+    /// root, a loop device and mkfs.ext4.
+    #[arg(long)]
+    pub power_cuts: bool,
     /// The producers' client: our library over gRPC, or a real Kafka client in Python
     /// (librdkafka through confluent-kafka, or kafka-python) over the nodes' Kafka listeners,
     /// transaction version 1.
@@ -124,6 +130,7 @@ pub async fn chaos(args: ChaosArgs, json: bool) -> anyhow::Result<ExitCode> {
             .as_ref()
             .map(|d| d.join(format!("run-{}", options.seed)));
         options.unsafe_skip_epoch_check = args.unsafe_skip_epoch_check;
+        options.power_cuts = args.power_cuts;
         options.kafka_client = match args.client {
             ChaosClient::Grpc => None,
             ChaosClient::Librdkafka => Some("librdkafka"),

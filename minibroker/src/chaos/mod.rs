@@ -10,7 +10,9 @@
 //!    owning coordinator SIGKILLed right as a producer sends EndTxn(COMMIT), SIGSTOP/SIGCONT of a
 //!    node or of a producer (long enough for its transaction to time out), a producer crashed and
 //!    restarted, and a **zombie**: a producer SIGSTOPped mid-transaction, a new instance of its
-//!    transactional id started, and the old one resumed once the new one is initialised;
+//!    transactional id started, and the old one resumed once the new one is initialised; with
+//!    `--power-cuts`, a **power cut** of a node too (its data disk copied as the device holds
+//!    it, right after freezing it, and the node started again on that copy);
 //! 4. heals everything, stops the producers, waits for quiescence (no open transaction, every LSO
 //!    at its high watermark), reads everything back in both isolation levels and hands the history
 //!    to the [`checker`], which shares no code with what it checks.
@@ -76,6 +78,9 @@ pub struct ChaosOptions {
     pub keep: Option<PathBuf>,
     /// DANGER: leaders skip the epoch check (the checker must report zombie writes).
     pub unsafe_skip_epoch_check: bool,
+    /// Cut the power of nodes too (`power-cut`): every node's data on an ext4 image on a loop
+    /// device of its own ([`cluster::power_cut`]; needs root).
+    pub power_cuts: bool,
     /// The producers: `None`, our client library over gRPC (`minibroker chaos-worker`); `Some`,
     /// a real Kafka client over the nodes' Kafka listeners, transaction version 1, as an
     /// unchanged Kafka application.
@@ -110,6 +115,7 @@ impl ChaosOptions {
             fault_interval: Duration::from_millis(700),
             keep: None,
             unsafe_skip_epoch_check: false,
+            power_cuts: false,
             kafka_client: None,
         }
     }
@@ -284,6 +290,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<RunReport> {
             dir: dir.clone(),
             timeout_scan_ms: 100,
             unsafe_skip_epoch_check: options.unsafe_skip_epoch_check,
+            power_cuts: options.power_cuts,
         },
         &topology,
     );

@@ -9,8 +9,11 @@
 //! | `pause-producer` | SIGSTOP a producer for 0.3-3 s (past its transaction timeout at times) |
 //! | `crash-producer` | SIGKILL a producer and start a new instance of its transactional id |
 //! | `zombie` | SIGSTOP a producer, start a new instance, resume the old one once the new one is initialised: the old one must be fenced |
+//! | `power-cut` | with `--power-cuts`: SIGSTOP a coordinator or leader, keep only what its disk holds, SIGKILL it, restart it 0.2-1 s later on that disk |
 //!
-//! The first fault of every run is a `zombie`, so that every run, however short, checks fencing.
+//! The first fault of every run is a `zombie`, so that every run, however short, checks fencing;
+//! with power cuts, the second is a `power-cut` of a coordinator, whose epochs are what a lost
+//! write would undo.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +38,7 @@ pub struct Nemesis {
     commits: mpsc::UnboundedReceiver<String>,
     generations: std::collections::HashMap<String, usize>,
     partitions: u64,
+    power_cuts: bool,
 }
 
 impl Nemesis {
@@ -51,6 +55,7 @@ impl Nemesis {
             commits,
             generations: Default::default(),
             partitions: options.partitions as u64,
+            power_cuts: options.power_cuts,
         }
     }
 
@@ -66,6 +71,8 @@ impl Nemesis {
         let end = Instant::now() + self.duration;
         let mut zombies = Vec::new();
         let mut first = true;
+        let mut power_cut_due = self.power_cuts;
+        let mut cuts = 0usize;
         // Let the producers initialise and start their first transactions.
         tokio::time::sleep(Duration::from_millis(500)).await;
         while Instant::now() < end {
@@ -75,7 +82,14 @@ impl Nemesis {
                     what,
                 });
             };
-            let choice = if first { 5 } else { self.rng.gen_range(0..6) };
+            let kinds = if self.power_cuts { 7 } else { 6 };
+            let choice = if first {
+                5
+            } else if std::mem::take(&mut power_cut_due) {
+                6
+            } else {
+                self.rng.gen_range(0..kinds)
+            };
             first = false;
             match choice {
                 0 => {
@@ -118,6 +132,20 @@ impl Nemesis {
                     let next = self.replacement(factory, &workers[k].txid)?;
                     workers[k] = next;
                 }
+                6 => {
+                    // The first cut hits a coordinator: its epochs are what a lost write
+                    // would undo (a fenced instance valid again).
+                    let id = if cuts == 0 {
+                        self.pick_coordinator(nodes)
+                    } else {
+                        self.pick_node(nodes)
+                    };
+                    cuts += 1;
+                    log(format!("power-cut {id}"));
+                    nodes.power_cut(id).await?;
+                    self.sleep_ms(200, 1000).await;
+                    nodes.start(id)?;
+                }
                 _ => {
                     let k = self.rng.gen_range(0..workers.len());
                     // Freeze it inside a transaction that already wrote to every partition
@@ -155,6 +183,21 @@ impl Nemesis {
             id = ids[self.rng.gen_range(0..ids.len())];
         }
         id
+    }
+
+    /// A coordinator that is up (any coordinator if none is).
+    fn pick_coordinator(&mut self, nodes: &Nodes) -> cluster::NodeId {
+        let up: Vec<_> = self
+            .topology
+            .coordinators
+            .iter()
+            .map(|c| c.id)
+            .filter(|id| nodes.is_up(*id))
+            .collect();
+        if up.is_empty() {
+            return self.pick_node(nodes);
+        }
+        up[self.rng.gen_range(0..up.len())]
     }
 
     fn replacement(&mut self, factory: &mut WorkerFactory, txid: &str) -> anyhow::Result<Worker> {

@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use cluster::power_cut::PowerCutDisk;
 use cluster::{NodeId, Topology};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -47,6 +48,8 @@ struct NodeProc {
     /// Kafka's protocol too, when the topology gives the node a `kafka_address`.
     kafka_address: Option<String>,
     data_dir: PathBuf,
+    /// The disk `data_dir` is mounted from, with [`NodeSettings::power_cuts`].
+    disk: Option<PowerCutDisk>,
     child: Option<Child>,
     paused: bool,
 }
@@ -64,6 +67,8 @@ pub struct NodeSettings {
     pub timeout_scan_ms: u64,
     /// DANGER: leaders skip the epoch check (the sabotage run).
     pub unsafe_skip_epoch_check: bool,
+    /// Every node's data directory on a disk whose power can be cut ([`Nodes::power_cut`]).
+    pub power_cuts: bool,
 }
 
 /// The cluster's node processes.
@@ -88,6 +93,7 @@ impl Nodes {
                         address: node.address.clone(),
                         kafka_address: node.kafka_address.clone(),
                         data_dir: settings.dir.join(format!("node-{}", node.id)),
+                        disk: None,
                         child: None,
                         paused: false,
                     },
@@ -118,6 +124,13 @@ impl Nodes {
         let node = self.nodes.get_mut(&id).context("unknown node")?;
         if node.child.is_some() {
             return Ok(());
+        }
+        if settings.power_cuts && node.disk.is_none() {
+            // Sparse: the image takes only what the node writes.
+            let image = settings.dir.join(format!("node-{id}.img"));
+            let disk = PowerCutDisk::create(&image, &node.data_dir, 512)
+                .map_err(|why| anyhow::anyhow!("a disk whose power can be cut: {why}"))?;
+            node.disk = Some(disk);
         }
         std::fs::create_dir_all(&node.data_dir)?;
         let log = std::fs::OpenOptions::new()
@@ -164,6 +177,31 @@ impl Nodes {
             }
             node.paused = false;
         }
+    }
+
+    /// A power cut of node `id`: freezes it (SIGSTOP), keeps only what its disk holds at that
+    /// moment ([`PowerCutDisk::cut`]), kills it, and boots its disk from what was kept; start
+    /// it again with [`Nodes::start`]. A node already down, or without a disk, is only killed.
+    pub async fn power_cut(&mut self, id: NodeId) -> anyhow::Result<()> {
+        let dir = self.settings.dir.clone();
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return Ok(());
+        };
+        let (Some(child), Some(disk)) = (&node.child, &mut node.disk) else {
+            return Ok(());
+        };
+        signal(child, Signal::SIGSTOP);
+        // At once, and blocking this task: the kernel's journal commits every few seconds,
+        // and one meanwhile would save what only the page cache holds.
+        let after_cut = dir.join(format!("node-{id}.img.cut"));
+        let cut = disk.cut(&after_cut);
+        self.kill(id).await;
+        cut.map_err(|why| anyhow::anyhow!("cutting node {id}'s power: {why}"))?;
+        if let Some(disk) = self.nodes.get_mut(&id).and_then(|n| n.disk.as_mut()) {
+            disk.boot_from(&after_cut)
+                .map_err(|why| anyhow::anyhow!("booting node {id}'s disk again: {why}"))?;
+        }
+        Ok(())
     }
 
     /// SIGSTOP (`pause` true) or SIGCONT.
