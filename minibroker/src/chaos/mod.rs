@@ -12,7 +12,8 @@
 //!    restarted, and a **zombie**: a producer SIGSTOPped mid-transaction, a new instance of its
 //!    transactional id started, and the old one resumed once the new one is initialised; with
 //!    `--power-cuts`, a **power cut** of a node too (its data disk copied as the device holds
-//!    it, right after freezing it, and the node started again on that copy);
+//!    it, right after freezing it, and the node started again on that copy), or of every node
+//!    at once (an outage of the whole cluster);
 //! 4. heals everything, stops the producers, waits for quiescence (no open transaction, every LSO
 //!    at its high watermark), reads everything back in both isolation levels and hands the history
 //!    to the [`checker`], which shares no code with what it checks.

@@ -10,6 +10,7 @@
 //! | `crash-producer` | SIGKILL a producer and start a new instance of its transactional id |
 //! | `zombie` | SIGSTOP a producer, start a new instance, resume the old one once the new one is initialised: the old one must be fenced |
 //! | `power-cut` | with `--power-cuts`: SIGSTOP a coordinator or leader, keep only what its disk holds, SIGKILL it, restart it 0.2-1 s later on that disk |
+//! | `power-outage` | with `--power-cuts`, one fault in three of the power kind: the same for every node at one moment (the whole cluster loses power), all restarted 0.2-1 s later |
 //!
 //! The first fault of every run is a `zombie`, so that every run, however short, checks fencing;
 //! with power cuts, the second is a `power-cut` of a coordinator, whose epochs are what a lost
@@ -141,10 +142,20 @@ impl Nemesis {
                         self.pick_node(nodes)
                     };
                     cuts += 1;
-                    log(format!("power-cut {id}"));
-                    nodes.power_cut(id).await?;
-                    self.sleep_ms(200, 1000).await;
-                    nodes.start(id)?;
+                    if cuts > 1 && self.rng.gen_range(0..3) == 0 {
+                        log("power-outage (every node)".to_string());
+                        let ids = nodes.ids();
+                        nodes.power_cut(&ids).await?;
+                        self.sleep_ms(200, 1000).await;
+                        for id in ids {
+                            nodes.start(id)?;
+                        }
+                    } else {
+                        log(format!("power-cut {id}"));
+                        nodes.power_cut(&[id]).await?;
+                        self.sleep_ms(200, 1000).await;
+                        nodes.start(id)?;
+                    }
                 }
                 _ => {
                     let k = self.rng.gen_range(0..workers.len());

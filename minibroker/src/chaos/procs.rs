@@ -179,27 +179,42 @@ impl Nodes {
         }
     }
 
-    /// A power cut of node `id`: freezes it (SIGSTOP), keeps only what its disk holds at that
-    /// moment ([`PowerCutDisk::cut`]), kills it, and boots its disk from what was kept; start
-    /// it again with [`Nodes::start`]. A node already down, or without a disk, is only killed.
-    pub async fn power_cut(&mut self, id: NodeId) -> anyhow::Result<()> {
-        let dir = self.settings.dir.clone();
-        let Some(node) = self.nodes.get_mut(&id) else {
-            return Ok(());
-        };
-        let (Some(child), Some(disk)) = (&node.child, &mut node.disk) else {
-            return Ok(());
-        };
-        signal(child, Signal::SIGSTOP);
+    /// A power cut of nodes `ids` at one moment (one node's, or every node's: an outage of the
+    /// whole cluster): freezes each (SIGSTOP), then keeps only what each one's disk holds
+    /// ([`PowerCutDisk::cut`]), kills them and boots their disks from what was kept; start them
+    /// again with [`Nodes::start`]. A node that is down or has no disk is left as it is.
+    pub async fn power_cut(&mut self, ids: &[NodeId]) -> anyhow::Result<()> {
+        let cut: Vec<NodeId> = ids
+            .iter()
+            .copied()
+            .filter(|id| {
+                self.nodes
+                    .get(id)
+                    .is_some_and(|n| n.child.is_some() && n.disk.is_some())
+            })
+            .collect();
+        // Every process frozen first, so that no node goes on after another lost power.
+        for id in &cut {
+            if let Some(child) = self.nodes.get(id).and_then(|n| n.child.as_ref()) {
+                signal(child, Signal::SIGSTOP);
+            }
+        }
         // At once, and blocking this task: the kernel's journal commits every few seconds,
         // and one meanwhile would save what only the page cache holds.
-        let after_cut = dir.join(format!("node-{id}.img.cut"));
-        let cut = disk.cut(&after_cut);
-        self.kill(id).await;
-        cut.map_err(|why| anyhow::anyhow!("cutting node {id}'s power: {why}"))?;
-        if let Some(disk) = self.nodes.get_mut(&id).and_then(|n| n.disk.as_mut()) {
-            disk.boot_from(&after_cut)
-                .map_err(|why| anyhow::anyhow!("booting node {id}'s disk again: {why}"))?;
+        let mut kept = Vec::new();
+        for id in &cut {
+            let after_cut = self.settings.dir.join(format!("node-{id}.img.cut"));
+            if let Some(disk) = self.nodes.get(id).and_then(|n| n.disk.as_ref()) {
+                kept.push((*id, after_cut.clone(), disk.cut(&after_cut)));
+            }
+        }
+        for (id, after_cut, copied) in kept {
+            self.kill(id).await;
+            copied.map_err(|why| anyhow::anyhow!("cutting node {id}'s power: {why}"))?;
+            if let Some(disk) = self.nodes.get_mut(&id).and_then(|n| n.disk.as_mut()) {
+                disk.boot_from(&after_cut)
+                    .map_err(|why| anyhow::anyhow!("booting node {id}'s disk again: {why}"))?;
+            }
         }
         Ok(())
     }
