@@ -93,7 +93,7 @@ fn chaos_with_kafka_client_producers_passes_and_catches_a_sabotaged_cluster() {
 
 /// With power cuts among the faults (every node's data on an ext4 image on a loop device; a
 /// cut keeps only what the device holds): nothing committed is lost, nothing hangs. The first
-/// cut hits a coordinator. Needs root and a loop device: skipped elsewhere (a failure where
+/// cut hits a coordinator, the second power fault is an outage of every node at once. Needs root and a loop device: skipped elsewhere (a failure where
 /// `MINIBROKER_REQUIRE_POWER_CUT=1`, as in CI).
 #[test]
 fn chaos_with_power_cuts_loses_nothing_committed() {
@@ -109,6 +109,10 @@ fn chaos_with_power_cuts_loses_nothing_committed() {
     let run = &report["runs"][0];
     assert!(ok, "run with power cuts failed: {report:#}");
     assert!(run["faults"]["power-cut"].as_u64().unwrap() >= 1, "{run:#}");
+    assert!(
+        run["faults"]["power-outage"].as_u64().unwrap() >= 1,
+        "{run:#}"
+    );
     assert!(
         run["verdict"]["committed"].as_u64().unwrap() > 10,
         "{run:#}"

@@ -10,11 +10,11 @@
 //! | `crash-producer` | SIGKILL a producer and start a new instance of its transactional id |
 //! | `zombie` | SIGSTOP a producer, start a new instance, resume the old one once the new one is initialised: the old one must be fenced |
 //! | `power-cut` | with `--power-cuts`: SIGSTOP a coordinator or leader, keep only what its disk holds, SIGKILL it, restart it 0.2-1 s later on that disk |
-//! | `power-outage` | with `--power-cuts`, one fault in three of the power kind: the same for every node at one moment (the whole cluster loses power), all restarted 0.2-1 s later |
+//! | `power-outage` | with `--power-cuts`, one power fault in three: the same for every node at one moment (the whole cluster loses power), all restarted 0.2-1 s later |
 //!
 //! The first fault of every run is a `zombie`, so that every run, however short, checks fencing;
-//! with power cuts, the second is a `power-cut` of a coordinator, whose epochs are what a lost
-//! write would undo.
+//! with power cuts, the second is a `power-cut` of a coordinator (its epochs are what a lost
+//! write would undo) and the third a `power-outage`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +72,9 @@ impl Nemesis {
         let end = Instant::now() + self.duration;
         let mut zombies = Vec::new();
         let mut first = true;
-        let mut power_cut_due = self.power_cuts;
+        // With power cuts, the second and third faults are a power cut of a coordinator and
+        // an outage of the whole cluster, so that every run, however short, has both.
+        let mut power_due = if self.power_cuts { 2 } else { 0 };
         let mut cuts = 0usize;
         // Let the producers initialise and start their first transactions.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -86,7 +88,8 @@ impl Nemesis {
             let kinds = if self.power_cuts { 7 } else { 6 };
             let choice = if first {
                 5
-            } else if std::mem::take(&mut power_cut_due) {
+            } else if power_due > 0 {
+                power_due -= 1;
                 6
             } else {
                 self.rng.gen_range(0..kinds)
@@ -134,15 +137,13 @@ impl Nemesis {
                     workers[k] = next;
                 }
                 6 => {
-                    // The first cut hits a coordinator: its epochs are what a lost write
-                    // would undo (a fenced instance valid again).
-                    let id = if cuts == 0 {
-                        self.pick_coordinator(nodes)
-                    } else {
-                        self.pick_node(nodes)
-                    };
                     cuts += 1;
-                    if cuts > 1 && self.rng.gen_range(0..3) == 0 {
+                    let outage = match cuts {
+                        1 => false,
+                        2 => true,
+                        _ => self.rng.gen_range(0..3) == 0,
+                    };
+                    if outage {
                         log("power-outage (every node)".to_string());
                         let ids = nodes.ids();
                         nodes.power_cut(&ids).await?;
@@ -151,6 +152,13 @@ impl Nemesis {
                             nodes.start(id)?;
                         }
                     } else {
+                        // The first cut hits a coordinator: its epochs are what a lost write
+                        // would undo (a fenced instance valid again).
+                        let id = if cuts == 1 {
+                            self.pick_coordinator(nodes)
+                        } else {
+                            self.pick_node(nodes)
+                        };
                         log(format!("power-cut {id}"));
                         nodes.power_cut(&[id]).await?;
                         self.sleep_ms(200, 1000).await;
