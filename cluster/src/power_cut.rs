@@ -134,3 +134,36 @@ impl Drop for PowerCutDisk {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_disk_that_cannot_be_made_is_an_error_saying_why() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("file"), b"x").unwrap();
+        // The image's directory is a file: no image, an error, no panic, nothing mounted.
+        let err =
+            PowerCutDisk::create(&dir.path().join("file/disk.img"), &dir.path().join("m"), 16)
+                .unwrap_err();
+        assert!(!err.is_empty());
+        // A mount point that cannot be a directory.
+        let err = PowerCutDisk::create(&dir.path().join("disk.img"), &dir.path().join("file"), 16)
+            .unwrap_err();
+        assert!(!err.is_empty());
+    }
+
+    #[test]
+    fn a_copy_that_is_not_there_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut disk = PowerCutDisk {
+            image: dir.path().join("disk.img"),
+            mount_point: dir.path().join("m"),
+            mounted: false,
+        };
+        assert!(disk.cut(&dir.path().join("copy.img")).is_err());
+        assert!(disk.boot_from(&dir.path().join("missing.img")).is_err());
+        assert!(!disk.mounted);
+    }
+}
