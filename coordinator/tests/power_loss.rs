@@ -88,11 +88,8 @@ async fn a_power_cut_right_after_acknowledgements_loses_no_epoch() {
     })
     .await;
     frozen.store(true, Ordering::SeqCst);
-    process.freeze();
-    // At once: the kernel commits its journal every few seconds, which would save what only
-    // the page cache holds.
     let after_cut = dir.path().join("disk-after-cut.img");
-    disk.cut(&after_cut).unwrap();
+    testkit::power::cut_power(&process, &disk, &after_cut);
     // Replies the process wrote before the freeze still arrive: each is an acknowledgement
     // given before the cut.
     for task in tasks {

@@ -14,7 +14,7 @@ use proto::{ErrorCode, ProduceRequest};
 use testkit::requests::{self, code, values};
 use testkit::tmpfs::Tmpfs;
 
-use common::{connect_process, spawn_leader_process};
+use common::{connect_process, spawn_leader_process, write_leader_topology};
 use tonic::transport::Channel;
 
 /// Every record of partition 0, in order, with its offset (fetched 1 MiB at a time).
@@ -68,16 +68,7 @@ async fn a_full_disk_refuses_the_write_and_loses_nothing_acknowledged() {
         }
     };
     let addr = testkit::process::free_address();
-    std::fs::write(
-        dir.path().join("topology.toml"),
-        format!(
-            "transaction_state_partitions = 1\n\
-             [[coordinators]]\nid = 1\naddress = \"127.0.0.1:1\"\n\
-             [[leaders]]\nid = 101\naddress = \"{addr}\"\n\
-             [[topics]]\nname = \"t\"\nleaders = [101]\n"
-        ),
-    )
-    .unwrap();
+    write_leader_topology(dir.path(), &addr, 1);
     let first_log = dir.path().join("first.log");
     let process = spawn_leader_process(dir.path(), &addr, &first_log);
     let mut client = connect_process(&addr).await;

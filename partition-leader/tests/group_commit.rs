@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{connect_process, spawn_leader_process};
+use common::{connect_process, spawn_leader_process, write_leader_topology};
 
 use proto::{ErrorCode, ProduceRequest};
 use testkit::requests::{self, code, values};
@@ -19,16 +19,7 @@ async fn sigkill_after_group_commits_loses_no_acknowledged_record() {
     const RECORDS: i32 = 4;
     let dir = tempfile::tempdir().unwrap();
     let addr = testkit::process::free_address();
-    std::fs::write(
-        dir.path().join("topology.toml"),
-        format!(
-            "transaction_state_partitions = 1\n\
-             [[coordinators]]\nid = 1\naddress = \"127.0.0.1:1\"\n\
-             [[leaders]]\nid = 101\naddress = \"{addr}\"\n\
-             [[topics]]\nname = \"t\"\nleaders = [101, 101, 101]\n"
-        ),
-    )
-    .unwrap();
+    write_leader_topology(dir.path(), &addr, 3);
     let first_log = dir.path().join("first.log");
     let process = spawn_leader_process(dir.path(), &addr, &first_log);
     let client = connect_process(&addr).await;

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{connect_process, spawn_leader_process};
+use common::{connect_process, spawn_leader_process, write_leader_topology};
 
 use proto::{ErrorCode, ProduceRequest};
 use testkit::requests::{self, code, values};
@@ -33,16 +33,7 @@ async fn a_power_cut_right_after_acknowledgements_loses_no_acknowledged_record()
         return;
     };
     let addr = testkit::process::free_address();
-    std::fs::write(
-        dir.path().join("topology.toml"),
-        format!(
-            "transaction_state_partitions = 1\n\
-             [[coordinators]]\nid = 1\naddress = \"127.0.0.1:1\"\n\
-             [[leaders]]\nid = 101\naddress = \"{addr}\"\n\
-             [[topics]]\nname = \"t\"\nleaders = [101, 101, 101]\n"
-        ),
-    )
-    .unwrap();
+    write_leader_topology(dir.path(), &addr, 3);
     let process = spawn_leader_process(dir.path(), &addr, &dir.path().join("first.log"));
     let client = connect_process(&addr).await;
 
@@ -91,11 +82,8 @@ async fn a_power_cut_right_after_acknowledgements_loses_no_acknowledged_record()
     })
     .await;
     frozen.store(true, Ordering::SeqCst);
-    process.freeze();
-    // At once: the kernel commits its journal every few seconds, which would save what only
-    // the page cache holds.
     let after_cut = dir.path().join("disk-after-cut.img");
-    disk.cut(&after_cut).unwrap();
+    testkit::power::cut_power(&process, &disk, &after_cut);
     // Replies the process wrote before the freeze still arrive: each is an acknowledgement
     // given before the cut.
     for task in tasks {

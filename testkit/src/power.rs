@@ -5,6 +5,16 @@ use std::path::Path;
 
 pub use cluster::power_cut::PowerCutDisk;
 
+use crate::process::Node;
+
+/// The power goes for `node` on `disk`: freezes it (SIGSTOP) and copies the disk as the device
+/// holds it to `to`, at once (the kernel commits its journal every few seconds, which would save
+/// what only the page cache holds). Kill the node next, then [`PowerCutDisk::boot_from`] `to`.
+pub fn cut_power(node: &Node, disk: &PowerCutDisk, to: &Path) {
+    node.freeze();
+    disk.cut(to).unwrap();
+}
+
 /// `MINIBROKER_REQUIRE_POWER_CUT` is set: a disk that cannot be mounted fails the test.
 pub fn required() -> bool {
     std::env::var_os("MINIBROKER_REQUIRE_POWER_CUT").is_some_and(|v| v == "1")

@@ -247,6 +247,22 @@ pub async fn snapshot(
     )
 }
 
+/// Writes `dir/topology.toml` for [`spawn_leader_process`]: leader 101 at `addr` leads all
+/// `partitions` of topic `t` (the coordinator's address is never dialled).
+pub fn write_leader_topology(dir: &std::path::Path, addr: &str, partitions: usize) {
+    let leaders = vec!["101"; partitions].join(", ");
+    std::fs::write(
+        dir.join("topology.toml"),
+        format!(
+            "transaction_state_partitions = 1\n\
+             [[coordinators]]\nid = 1\naddress = \"127.0.0.1:1\"\n\
+             [[leaders]]\nid = 101\naddress = \"{addr}\"\n\
+             [[topics]]\nname = \"t\"\nleaders = [{leaders}]\n"
+        ),
+    )
+    .unwrap();
+}
+
 /// Starts the partition-leader binary as leader 101 at `addr`, with `dir/data` and
 /// `dir/topology.toml` (a process a test can SIGKILL), logging to `log`.
 pub fn spawn_leader_process(
