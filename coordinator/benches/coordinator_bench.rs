@@ -4,7 +4,10 @@
 //! from the topology) and a bare sled insert + flush.
 //!
 //! Run: `cargo bench -p coordinator --bench coordinator_bench` (release profile), optionally
-//! followed by `-- --iterations N --seconds S --concurrency C --rounds R`.
+//! followed by `-- --iterations N --seconds S --concurrency C --rounds R`; `-- --only-cycle
+//! --seconds S` runs only the gRPC Init/Add/End cycle (e.g. under a profiler), and
+//! `--memory-storage` puts the coordinator on an in-memory store (no disk: what everything but
+//! the storage costs; the sled-only rows then still measure sled).
 //!
 //! Reported: p50/p99 latency with one client (sequential requests; the sled, no-op and
 //! InitProducerId samples interleaved, one of each in turn; the client runs on a thread and a
@@ -129,6 +132,11 @@ struct Args {
     seconds: u64,
     concurrency: usize,
     rounds: u32,
+    /// Only the gRPC Init/Add/End cycle at `concurrency` ids for `seconds` (to profile it).
+    only_cycle: bool,
+    /// The coordinator on [`coordinator::storage::MemoryStorage`]: no disk at all, so the
+    /// figures show what everything but the storage costs (an experiment, not a durable node).
+    memory_storage: bool,
 }
 
 fn args() -> Args {
@@ -137,6 +145,8 @@ fn args() -> Args {
         seconds: 3,
         concurrency: 64,
         rounds: 3,
+        only_cycle: false,
+        memory_storage: false,
     };
     let argv: Vec<String> = std::env::args().collect();
     let mut i = 1;
@@ -147,6 +157,16 @@ fn args() -> Args {
             ("--seconds", Some(v)) => a.seconds = v,
             ("--concurrency", Some(v)) => a.concurrency = v as usize,
             ("--rounds", Some(v)) => a.rounds = (v as u32).max(1),
+            ("--only-cycle", _) => {
+                a.only_cycle = true;
+                i += 1;
+                continue;
+            }
+            ("--memory-storage", _) => {
+                a.memory_storage = true;
+                i += 1;
+                continue;
+            }
             _ => {
                 i += 1;
                 continue;
@@ -569,14 +589,26 @@ async fn main() -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let kafka_addr = kafka_listener.local_addr()?;
-    let server = tokio::spawn(coordinator::serve_with_kafka(
-        config,
-        listener,
-        Some(kafka_listener),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let server = if a.memory_storage {
+        tokio::spawn(coordinator::serve_with_storage(
+            config,
+            Arc::new(coordinator::storage::MemoryStorage::new()),
+            listener,
+            Some(kafka_listener),
+            async move {
+                let _ = stop_rx.await;
+            },
+        ))
+    } else {
+        tokio::spawn(coordinator::serve_with_kafka(
+            config,
+            listener,
+            Some(kafka_listener),
+            async move {
+                let _ = stop_rx.await;
+            },
+        ))
+    };
 
     let endpoint = format!("http://{addr}");
     let channel = loop {
@@ -607,6 +639,35 @@ async fn main() -> anyhow::Result<()> {
         "(markers acknowledged by an in-process gRPC leader stub; sled in {})\n",
         dir.path().display()
     );
+
+    if a.only_cycle {
+        let channels: Vec<Channel> = (0..8)
+            .map(|_| Channel::from_shared(endpoint.clone()).map(|e| e.connect_lazy()))
+            .collect::<Result<_, _>>()?;
+        let channels = Arc::new(channels);
+        let r = retries.clone();
+        let tally = throughput(
+            a.concurrency,
+            Duration::from_secs(a.seconds),
+            move |task, i| {
+                let mut c = Coord::new(channels[task % channels.len()].clone());
+                let r = r.clone();
+                async move {
+                    cycle(&mut c, &format!("bench-cycle-{task}"), (i % 4) as i32, &r).await;
+                }
+            },
+        )
+        .await;
+        println!(
+            "Init+Add+End cycle, {} ids: {:.0} cycles/s, {:.1} us of process CPU per request",
+            a.concurrency,
+            tally.per_second(),
+            tally.cpu_us_per_op().unwrap_or(f64::NAN) / 3.0
+        );
+        let _ = stop_tx.send(());
+        server.await??;
+        return Ok(());
+    }
 
     let db = sled::open(dir.path().join("bare-sled"))?;
     let tree = db.open_tree("bench")?;
@@ -687,6 +748,9 @@ async fn main() -> anyhow::Result<()> {
     let (mut marker_requests, mut marker_txns) = (0u64, 0u64);
     let slice = Duration::from_secs(a.seconds) / a.rounds;
     let (mut rpc, mut cycles) = (Tally::empty(), Tally::empty());
+    // A coordinator request refused at decode (InitProducerId with an empty id:
+    // INVALID_REQUEST, nothing looked up or stored): the gRPC service's shell alone.
+    let mut refused = Tally::empty();
     // The same over Kafka's protocol: one connection per id.
     let mut conns = Vec::with_capacity(a.concurrency);
     for _ in 0..a.concurrency {
@@ -709,6 +773,31 @@ async fn main() -> anyhow::Result<()> {
                     })
                     .await
                     .expect("rpc");
+                }
+            })
+            .await,
+        );
+        let ch = channels.clone();
+        refused.add(
+            throughput(a.concurrency, slice, move |task, _| {
+                let mut c = Coord::new(ch[task % ch.len()].clone());
+                async move {
+                    let r = c
+                        .init_producer_id(InitProducerIdRequest {
+                            transactional_id: Some(String::new()),
+                            transaction_timeout_ms: 60_000,
+                            expected_producer_id: -1,
+                            expected_producer_epoch: -1,
+                            transaction_version: 2,
+                        })
+                        .await
+                        .expect("rpc")
+                        .into_inner();
+                    assert_eq!(
+                        ErrorCode::from_wire(r.error_code),
+                        ErrorCode::InvalidRequest,
+                        "an empty id is refused at decode"
+                    );
                 }
             })
             .await,
@@ -764,6 +853,11 @@ async fn main() -> anyhow::Result<()> {
         "{:<44} {:>10.0} ops/s",
         format!("gRPC no-op, {} concurrent", a.concurrency),
         rpc_tput
+    );
+    println!(
+        "{:<44} {:>10.0} ops/s",
+        format!("InitProducerId refused at decode, {}", a.concurrency),
+        refused.per_second()
     );
     println!(
         "{:<44} {:>10.0} ops/s",
@@ -849,6 +943,14 @@ async fn main() -> anyhow::Result<()> {
             cycle_cpu / 3.0 / rpc_cpu,
             cycle_cpu / 3.0,
             rpc_cpu
+        );
+    }
+    if let (Some(rpc_cpu), Some(refused_cpu)) = (rpc.cpu_us_per_op(), refused.cpu_us_per_op()) {
+        println!(
+            "  (context) a request refused at decode / no-op: {:.3} x the requests/s, {:.2}x the CPU ({:.1} us)",
+            refused.per_second() / rpc_tput,
+            refused_cpu / rpc_cpu,
+            refused_cpu
         );
     }
     println!(
