@@ -1,34 +1,56 @@
-//! A disk whose power can be cut: an ext4 file system on a loop device, for what a node keeps
-//! when the machine loses power, not only the process (the power-cut tests, and
+//! A disk whose power can be cut, with a volatile write cache: an ext4 file system on a loop
+//! device whose device is itself a file system on a loop device, for what a node keeps when the
+//! machine loses power, not only the process (the power-cut tests, and
 //! `minibroker chaos --power-cuts`).
 //!
 //! A SIGKILL keeps everything a node wrote into the page cache, flushed or not, so it cannot
 //! tell a write that reached the disk from one that did not. A power cut can: what is left is
-//! what the device holds. Here the device is a file (the image) behind a loop device; everything
-//! the kernel wrote to it is in the image, and what is still only in the mounted file system's
-//! caches (dirty pages, the inode size and extents of a file that grew, the running journal
-//! transaction) is not. [`PowerCutDisk::cut`] copies the image as it stands: the disk after the
-//! power went. [`PowerCutDisk::boot_from`] mounts that copy in place of the image (ext4 replays
-//! its journal, as at the next boot), for the node to start on again.
+//! what the device's stable media hold. And a disk acknowledges a write once it is in its cache:
+//! only a cache flush (what `fsync` and `fdatasync` end with, and what ext4 sends around a journal
+//! commit) makes it stable. So the device here has a cache that a cut loses:
+//!
+//! - the node's file system (ext4) lives in an image, `disk.img`, behind a loop device: what
+//!   the kernel writes to that device is acknowledged once it is in that image's page cache;
+//! - that image is a file of a second ext4 file system (the device's, mounted at `<image>.device`),
+//!   itself in the file `image` behind a second loop device. The device's page cache is its
+//!   volatile cache: the loop device turns the node file system's cache flush into an `fsync` of
+//!   `disk.img`, which writes the cache out and commits the device file system's journal;
+//! - the file `image` is the device's stable media.
+//!
+//! [`PowerCutDisk::cut`] copies `image` as it stands: the media after the power went, without the
+//! writes that sat in the cache since the last flush (the kernel writes some of the cache back on
+//! its own, after tens of seconds, as a disk's cache may). [`PowerCutDisk::boot_from`] mounts that
+//! copy in place of `image` (the device's journal is replayed, then the node's, as at the next
+//! boot), for the node to start on again. A write that reached the device but was never flushed
+//! is lost, the way a power cut loses it; the model without the cache kept it (a test below).
 //!
 //! Freeze the node's process (SIGSTOP) before the cut, so that the copy is of one moment: the
 //! kernel's own writeback and journal commits (every few seconds) may still land during the
 //! copy, as a disk may finish writes it was handed when the power goes. Cut at once after the
 //! freeze: a journal commit meanwhile would save what only the page cache held.
 //!
-//! Needs root (mount, a loop device) and `mkfs.ext4`: [`PowerCutDisk::create`] says why it
+//! Needs root (mount, two loop devices) and `mkfs.ext4`: [`PowerCutDisk::create`] says why it
 //! could not. Blocking (it runs `mkfs.ext4`, `mount`, `cp`): call it from a blocking context.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// An ext4 image mounted (through a loop device) at a directory; unmounted on drop.
+/// The node's ext4 file system mounted at a directory, through a loop device whose image lives
+/// on the device's own file system (its cache) over the media file; unmounted on drop.
 #[derive(Debug)]
 pub struct PowerCutDisk {
-    image: PathBuf,
+    /// The device's stable media: the image of the device's file system.
+    media: PathBuf,
+    /// Where the device's file system (the cache) is mounted; it holds [`NODE_IMAGE`].
+    device: PathBuf,
+    /// Where the node's file system is mounted.
     mount_point: PathBuf,
+    device_mounted: bool,
     mounted: bool,
 }
+
+/// The node file system's image, in the device's file system.
+const NODE_IMAGE: &str = "disk.img";
 
 /// Runs `program args`; its stderr is the error when it fails.
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
@@ -52,85 +74,111 @@ fn path_str(p: &Path) -> Result<&str, String> {
         .ok_or_else(|| format!("{} is not UTF-8", p.display()))
 }
 
+/// Makes a sparse file of `size_mib` MiB at `image` and an ext4 file system in it.
+fn make_ext4(image: &Path, size_mib: u64) -> Result<(), String> {
+    let file = std::fs::File::create(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    file.set_len(size_mib << 20).map_err(|e| e.to_string())?;
+    drop(file);
+    // Inode tables and journal initialised now, not by a kernel thread during the run.
+    run(
+        "mkfs.ext4",
+        &[
+            "-q",
+            "-F",
+            "-E",
+            "lazy_itable_init=0,lazy_journal_init=0",
+            path_str(image)?,
+        ],
+    )
+}
+
+fn mount_loop(image: &Path, at: &Path) -> Result<(), String> {
+    run(
+        "mount",
+        &["-t", "ext4", "-o", "loop", path_str(image)?, path_str(at)?],
+    )
+}
+
 impl PowerCutDisk {
-    /// Makes a `size_mib` MiB ext4 image at `image` and mounts it at `at` (created); the error
-    /// says why it could not (not root, no loop device, no `mkfs.ext4`).
+    /// Makes a disk whose node file system has `size_mib` MiB: its media in the file `image`,
+    /// the device's file system mounted at `<image>.device`, and the node's at `at` (created).
+    /// The error says why it could not (not root, no loop device, no `mkfs.ext4`).
     pub fn create(image: &Path, at: &Path, size_mib: u64) -> Result<Self, String> {
-        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
-        let file = std::fs::File::create(image).map_err(|e| e.to_string())?;
-        file.set_len(size_mib << 20).map_err(|e| e.to_string())?;
-        drop(file);
-        // Inode tables and journal initialised now, not by a kernel thread during the run.
-        run(
-            "mkfs.ext4",
-            &[
-                "-q",
-                "-F",
-                "-E",
-                "lazy_itable_init=0,lazy_journal_init=0",
-                path_str(image)?,
-            ],
-        )?;
+        let mut device = image.as_os_str().to_owned();
+        device.push(".device");
         let mut disk = Self {
-            image: image.to_path_buf(),
+            media: image.to_path_buf(),
+            device: PathBuf::from(device),
             mount_point: at.to_path_buf(),
+            device_mounted: false,
             mounted: false,
         };
+        std::fs::create_dir_all(at).map_err(|e| format!("{}: {e}", at.display()))?;
+        std::fs::create_dir_all(&disk.device)
+            .map_err(|e| format!("{}: {e}", disk.device.display()))?;
+        // Room for the node's image (sparse: what it writes is allocated as it goes), plus
+        // the device file system's own journal and tables.
+        make_ext4(image, size_mib + size_mib / 8 + 64)?;
+        mount_loop(image, &disk.device)?;
+        disk.device_mounted = true;
+        make_ext4(&disk.device.join(NODE_IMAGE), size_mib)?;
         disk.mount()?;
         Ok(disk)
     }
 
     fn mount(&mut self) -> Result<(), String> {
-        run(
-            "mount",
-            &[
-                "-t",
-                "ext4",
-                "-o",
-                "loop",
-                path_str(&self.image)?,
-                path_str(&self.mount_point)?,
-            ],
-        )?;
+        mount_loop(&self.device.join(NODE_IMAGE), &self.mount_point)?;
         self.mounted = true;
         Ok(())
     }
 
-    /// Where the file system is mounted.
+    /// Where the node's file system is mounted.
     pub fn mount_point(&self) -> &Path {
         &self.mount_point
     }
 
-    /// The power goes: copies the image, as the device holds it now, to `to`. Freeze the node
-    /// first. The mounted file system is left as it is: kill the node, then
-    /// [`PowerCutDisk::boot_from`] the copy.
+    /// The power goes: copies the device's media, as they hold now (without what is only in
+    /// the device's cache), to `to`. Freeze the node first. The mounted file systems are left
+    /// as they are: kill the node, then [`PowerCutDisk::boot_from`] the copy.
     pub fn cut(&self, to: &Path) -> Result<(), String> {
         run(
             "cp",
-            &["--sparse=always", path_str(&self.image)?, path_str(to)?],
+            &["--sparse=always", path_str(&self.media)?, path_str(to)?],
         )
     }
 
-    /// The machine boots again after the cut: unmounts this disk (kill the node on it first),
-    /// puts the image `after_cut` (made by [`PowerCutDisk::cut`]) in place of its image and
-    /// mounts it at the same directory.
+    /// The machine boots again after the cut: unmounts both file systems (kill the node on
+    /// this disk first), puts the media `after_cut` (made by [`PowerCutDisk::cut`]) in place of
+    /// this disk's, and mounts the device's file system and the node's again, at the same
+    /// directories.
     pub fn boot_from(&mut self, after_cut: &Path) -> Result<(), String> {
+        if !after_cut.is_file() {
+            return Err(format!("{}: no such disk image", after_cut.display()));
+        }
         if self.mounted {
             run("umount", &[path_str(&self.mount_point)?])?;
             self.mounted = false;
         }
-        std::fs::rename(after_cut, &self.image).map_err(|e| e.to_string())?;
+        if self.device_mounted {
+            run("umount", &[path_str(&self.device)?])?;
+            self.device_mounted = false;
+        }
+        std::fs::rename(after_cut, &self.media).map_err(|e| e.to_string())?;
+        mount_loop(&self.media, &self.device)?;
+        self.device_mounted = true;
         self.mount()
     }
 }
 
 impl Drop for PowerCutDisk {
     fn drop(&mut self) {
-        if self.mounted {
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(&self.mount_point)
-                .status();
+        for (mounted, dir) in [
+            (self.mounted, &self.mount_point),
+            (self.device_mounted, &self.device),
+        ] {
+            if mounted {
+                let _ = Command::new("umount").arg("-l").arg(dir).status();
+            }
         }
     }
 }
@@ -158,12 +206,98 @@ mod tests {
     fn a_copy_that_is_not_there_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let mut disk = PowerCutDisk {
-            image: dir.path().join("disk.img"),
+            media: dir.path().join("disk.img"),
+            device: dir.path().join("disk.img.device"),
             mount_point: dir.path().join("m"),
+            device_mounted: false,
             mounted: false,
         };
         assert!(disk.cut(&dir.path().join("copy.img")).is_err());
         assert!(disk.boot_from(&dir.path().join("missing.img")).is_err());
-        assert!(!disk.mounted);
+        assert!(!disk.mounted && !disk.device_mounted);
+    }
+
+    /// Writes `byte` over the first 64 KiB of `file` with O_DIRECT (`dd oflag=direct`): the
+    /// write completes once the device acknowledged it; nothing asks for a cache flush.
+    fn write_direct_unflushed(file: &Path, byte: u8, scratch: &Path) {
+        std::fs::write(scratch, vec![byte; 64 << 10]).unwrap();
+        run(
+            "dd",
+            &[
+                &format!("if={}", scratch.display()),
+                &format!("of={}", file.display()),
+                "bs=65536",
+                "count=1",
+                "oflag=direct",
+                "conv=notrunc",
+                "status=none",
+            ],
+        )
+        .unwrap();
+    }
+
+    /// Writes `byte` x 64 KiB to `file` and fsyncs it and its directory.
+    fn write_flushed(file: &Path, byte: u8) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(file).unwrap();
+        f.write_all(&vec![byte; 64 << 10]).unwrap();
+        f.sync_all().unwrap();
+        std::fs::File::open(file.parent().unwrap())
+            .unwrap()
+            .sync_all()
+            .unwrap();
+    }
+
+    /// What `file` holds, in a line: "65536 x 'a'", or its length when the bytes differ.
+    fn summary(file: &Path) -> String {
+        let bytes = std::fs::read(file).unwrap();
+        match bytes.first() {
+            Some(&b) if bytes.iter().all(|&x| x == b) => {
+                format!("{} x {:?}", bytes.len(), b as char)
+            }
+            _ => format!("{} mixed bytes", bytes.len()),
+        }
+    }
+
+    #[test]
+    fn a_write_the_device_acknowledged_but_was_never_told_to_flush_is_lost_at_a_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut disk =
+            match PowerCutDisk::create(&dir.path().join("media.img"), &dir.path().join("m"), 64) {
+                Ok(disk) => disk,
+                Err(why)
+                    if std::env::var_os("MINIBROKER_REQUIRE_POWER_CUT")
+                        .is_some_and(|v| v == "1") =>
+                {
+                    panic!("MINIBROKER_REQUIRE_POWER_CUT=1 but no disk to cut: {why}")
+                }
+                Err(why) => {
+                    eprintln!("skipped: cannot mount a loop device here ({why})");
+                    return;
+                }
+            };
+        let (kept, cached) = (
+            disk.mount_point().join("kept"),
+            disk.mount_point().join("cached"),
+        );
+        write_flushed(&kept, b'k');
+        write_flushed(&cached, b'a');
+        // Reaches the device (the write completed, O_DIRECT past the page cache) and sits in
+        // its cache: a disk without a volatile cache (the loop device alone) would keep it.
+        write_direct_unflushed(&cached, b'b', &dir.path().join("scratch"));
+        assert_eq!(summary(&cached), "65536 x 'b'");
+        let copy = dir.path().join("after-cut.img");
+        disk.cut(&copy).unwrap();
+        disk.boot_from(&copy).unwrap();
+        assert_eq!(
+            summary(&kept),
+            "65536 x 'k'",
+            "a flushed write survives the cut"
+        );
+        assert_eq!(
+            summary(&cached),
+            "65536 x 'a'",
+            "the unflushed write was only in the device's cache"
+        );
     }
 }

@@ -1,14 +1,15 @@
 //! Durable before acknowledged, through a power cut: a coordinator process keeps its
-//! `__transaction_state` on an ext4 disk on a loop device while transactional ids run
-//! Init/AddPartitions/EndTxn cycles; the power goes right after its latest acknowledgements
-//! (the process frozen, the disk copied as the device holds it), the machine boots again on that
-//! copy, and every id is there with at least the last epoch it was answered.
+//! `__transaction_state` on an ext4 disk (its device with a volatile write cache,
+//! `cluster::power_cut`) while transactional ids run Init/AddPartitions/EndTxn cycles; the power
+//! goes right after its latest acknowledgements (the process frozen, the disk's media copied as
+//! they stand), the machine boots again on that copy, and every id is there with at least the last epoch it was answered.
 //!
 //! An epoch that went back would undo a fencing: the instance that the lost InitProducerId
 //! fenced could write again. A SIGKILL cannot show this (the page cache survives a process); a
-//! power cut keeps only what reached the device, with the file system's record of where it is.
+//! power cut keeps only what was flushed to the device's media, with the file system's record of
+//! where it is.
 //!
-//! Needs root (mount, a loop device) and `mkfs.ext4`; skipped, saying why, elsewhere (a failure
+//! Needs root (mount, loop devices) and `mkfs.ext4`; skipped, saying why, elsewhere (a failure
 //! where `MINIBROKER_REQUIRE_POWER_CUT=1`, as in CI).
 
 mod common;

@@ -91,9 +91,9 @@ fn chaos_with_kafka_client_producers_passes_and_catches_a_sabotaged_cluster() {
     }
 }
 
-/// With power cuts among the faults (every node's data on an ext4 image on a loop device; a
-/// cut keeps only what the device holds): nothing committed is lost, nothing hangs. The first
-/// cut hits a coordinator, the second power fault is an outage of every node at once. Needs root and a loop device: skipped elsewhere (a failure where
+/// With power cuts among the faults (every node's data on an ext4 disk whose device has a
+/// volatile write cache; a cut keeps only what the device's media hold): nothing committed is lost, nothing hangs. The first
+/// cut hits a coordinator, the second power fault is an outage of every node at once. Needs root and loop devices: skipped elsewhere (a failure where
 /// `MINIBROKER_REQUIRE_POWER_CUT=1`, as in CI).
 #[test]
 fn chaos_with_power_cuts_loses_nothing_committed() {

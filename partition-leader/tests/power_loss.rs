@@ -1,13 +1,13 @@
 //! Durable before acknowledged, through a power cut: a partition-leader process writes to an
-//! ext4 disk on a loop device while producers send to it; the power goes right after its
-//! latest acknowledgements (the process frozen, the disk copied as the device holds it), the
-//! machine boots again on that copy, and every acknowledged record is there at its offset.
+//! ext4 disk (its device with a volatile write cache, `cluster::power_cut`) while producers send
+//! to it; the power goes right after its latest acknowledgements (the process frozen, the disk's
+//! media copied as they stand), the machine boots again on that copy, and every acknowledged record is there at its offset.
 //!
 //! A SIGKILL cannot show this (the page cache survives a process), a power cut can: a write
 //! is kept only if it, and the file system's record of where it is (the size and extents of a
-//! log file that grew), reached the device before the acknowledgement.
+//! log file that grew), was flushed to the device's media before the acknowledgement.
 //!
-//! Needs root (mount, a loop device) and `mkfs.ext4`; skipped, saying why, elsewhere (a failure
+//! Needs root (mount, loop devices) and `mkfs.ext4`; skipped, saying why, elsewhere (a failure
 //! where `MINIBROKER_REQUIRE_POWER_CUT=1`, as in CI).
 
 mod common;

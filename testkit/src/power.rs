@@ -29,7 +29,7 @@ pub fn disk_or_skip(image: &Path, at: &Path, size_mib: u64) -> Option<PowerCutDi
             panic!("MINIBROKER_REQUIRE_POWER_CUT=1 but no disk to cut: {why}")
         }
         Err(why) => {
-            eprintln!("skipped: cannot mount a loop device here ({why})");
+            eprintln!("skipped: cannot mount a disk on loop devices here ({why})");
             None
         }
     }

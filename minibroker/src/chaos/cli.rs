@@ -37,10 +37,11 @@ pub struct ChaosArgs {
     /// DANGER: leaders skip the epoch check; the checker must report zombie writes.
     #[arg(long, hide = true)]
     pub unsafe_skip_epoch_check: bool,
-    /// Cut the power of nodes too: each node keeps its data on an ext4 image of its own on a
-    /// loop device, and a `power-cut` freezes a node, keeps only what its disk holds (dirty
-    /// pages and uncommitted file-system metadata are gone) and starts it again on that. Needs
-    /// root, a loop device and mkfs.ext4.
+    /// Cut the power of nodes too: each node keeps its data on an ext4 disk of its own whose
+    /// device has a volatile write cache (`cluster::power_cut`), and a `power-cut` freezes a
+    /// node, keeps only what its disk's media hold (dirty pages, uncommitted file-system
+    /// metadata and writes never flushed from the device's cache are gone) and starts it again
+    /// on that. Needs root, loop devices and mkfs.ext4.
     #[arg(long)]
     pub power_cuts: bool,
     /// The producers' client: our library over gRPC, or a real Kafka client in Python
