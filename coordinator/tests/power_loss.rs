@@ -24,6 +24,21 @@ use proto::ErrorCode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_power_cut_right_after_acknowledgements_loses_no_epoch() {
+    power_cut_after_acknowledgements(None).await;
+}
+
+/// The same, where the device had written back part of its cache (what was never flushed,
+/// in no order) when the power went: the restarted node must make sense of it, and lose no
+/// acknowledged epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_power_cut_after_a_partial_writeback_of_the_device_cache_loses_no_epoch() {
+    power_cut_after_acknowledgements(Some(0x5eed)).await;
+}
+
+/// Drives the node, cuts its power right after acknowledgements (`partial_writeback`: see
+/// [`testkit::power::cut_power`]), boots it on what its disk kept and checks every
+/// acknowledgement.
+async fn power_cut_after_acknowledgements(partial_writeback: Option<u64>) {
     const TASKS: usize = 16;
     let leader = FakeLeader::default();
     let (dir, addr) = killable_setup(&leader).await;
@@ -90,7 +105,7 @@ async fn a_power_cut_right_after_acknowledgements_loses_no_epoch() {
     .await;
     frozen.store(true, Ordering::SeqCst);
     let after_cut = dir.path().join("disk-after-cut.img");
-    testkit::power::cut_power(&process, &disk, &after_cut);
+    testkit::power::cut_power(&process, &disk, &after_cut, partial_writeback);
     // Replies the process wrote before the freeze still arrive: each is an acknowledgement
     // given before the cut.
     for task in tasks {

@@ -10,9 +10,16 @@ use crate::process::Node;
 /// The power goes for `node` on `disk`: freezes it (SIGSTOP) and copies the disk as the device
 /// holds it to `to`, at once (the kernel commits its journal every few seconds, which would save
 /// what only the page cache holds). Kill the node next, then [`PowerCutDisk::boot_from`] `to`.
-pub fn cut_power(node: &Node, disk: &PowerCutDisk, to: &Path) {
+///
+/// With `partial_writeback` (a seed), the device first wrote back about half of its cache, in
+/// pieces that seed picks ([`PowerCutDisk::cut_after_partial_writeback`]): the media then hold
+/// part of what was never flushed, in no order, which the node's recovery must make sense of.
+pub fn cut_power(node: &Node, disk: &PowerCutDisk, to: &Path, partial_writeback: Option<u64>) {
     node.freeze();
-    disk.cut(to).unwrap();
+    match partial_writeback {
+        None => disk.cut(to).unwrap(),
+        Some(seed) => disk.cut_after_partial_writeback(to, seed, 0.5).unwrap(),
+    }
 }
 
 /// `MINIBROKER_REQUIRE_POWER_CUT` is set: a disk that cannot be mounted fails the test.

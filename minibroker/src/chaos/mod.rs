@@ -11,9 +11,10 @@
 //!    node or of a producer (long enough for its transaction to time out), a producer crashed and
 //!    restarted, and a **zombie**: a producer SIGSTOPped mid-transaction, a new instance of its
 //!    transactional id started, and the old one resumed once the new one is initialised; with
-//!    `--power-cuts`, a **power cut** of a node too (its data disk copied as the device holds
-//!    it, right after freezing it, and the node started again on that copy), or of every node
-//!    at once (an outage of the whole cluster);
+//!    `--power-cuts`, a **power cut** of a node too (its data disk's media copied right after
+//!    freezing it, without what sat in the device's volatile cache, or, in half the cuts, with
+//!    a random part of that cache written back first; the node started again on that copy), or
+//!    of every node at once (an outage of the whole cluster);
 //! 4. heals everything, stops the producers, waits for quiescence (no open transaction, every LSO
 //!    at its high watermark), reads everything back in both isolation levels and hands the history
 //!    to the [`checker`], which shares no code with what it checks.
@@ -79,8 +80,8 @@ pub struct ChaosOptions {
     pub keep: Option<PathBuf>,
     /// DANGER: leaders skip the epoch check (the checker must report zombie writes).
     pub unsafe_skip_epoch_check: bool,
-    /// Cut the power of nodes too (`power-cut`): every node's data on an ext4 image on a loop
-    /// device of its own ([`cluster::power_cut`]; needs root).
+    /// Cut the power of nodes too (`power-cut`): every node's data on an ext4 disk of its own
+    /// whose device has a volatile write cache ([`cluster::power_cut`]; needs root).
     pub power_cuts: bool,
     /// The producers: `None`, our client library over gRPC (`minibroker chaos-worker`); `Some`,
     /// a real Kafka client over the nodes' Kafka listeners, transaction version 1, as an

@@ -9,7 +9,7 @@
 //! | `pause-producer` | SIGSTOP a producer for 0.3-3 s (past its transaction timeout at times) |
 //! | `crash-producer` | SIGKILL a producer and start a new instance of its transactional id |
 //! | `zombie` | SIGSTOP a producer, start a new instance, resume the old one once the new one is initialised: the old one must be fenced |
-//! | `power-cut` | with `--power-cuts`: SIGSTOP a coordinator or leader, keep only what its disk holds, SIGKILL it, restart it 0.2-1 s later on that disk |
+//! | `power-cut` | with `--power-cuts`: SIGSTOP a coordinator or leader, keep only what its disk's media hold (in half the cuts a random half of the device's cache written back first), SIGKILL it, restart it 0.2-1 s later on that disk |
 //! | `power-outage` | with `--power-cuts`, one power fault in three: the same for every node at one moment (the whole cluster loses power), all restarted 0.2-1 s later |
 //!
 //! The first fault of every run is a `zombie`, so that every run, however short, checks fencing;
@@ -143,10 +143,18 @@ impl Nemesis {
                         2 => true,
                         _ => self.rng.gen_range(0..3) == 0,
                     };
+                    // Half the cuts find part of the devices' caches written back (what was
+                    // never flushed, in no order), the others none of it.
+                    let writeback = self.rng.gen_bool(0.5).then(|| self.rng.gen::<u64>());
+                    let cache = if writeback.is_some() {
+                        ", part of the cache written back"
+                    } else {
+                        ""
+                    };
                     if outage {
-                        log("power-outage (every node)".to_string());
+                        log(format!("power-outage (every node{cache})"));
                         let ids = nodes.ids();
-                        nodes.power_cut(&ids).await?;
+                        nodes.power_cut(&ids, writeback).await?;
                         self.sleep_ms(200, 1000).await;
                         for id in ids {
                             nodes.start(id)?;
@@ -159,8 +167,8 @@ impl Nemesis {
                         } else {
                             self.pick_node(nodes)
                         };
-                        log(format!("power-cut {id}"));
-                        nodes.power_cut(&[id]).await?;
+                        log(format!("power-cut {id}{cache}"));
+                        nodes.power_cut(&[id], writeback).await?;
                         self.sleep_ms(200, 1000).await;
                         nodes.start(id)?;
                     }

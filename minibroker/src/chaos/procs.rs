@@ -183,7 +183,14 @@ impl Nodes {
     /// whole cluster): freezes each (SIGSTOP), then keeps only what each one's disk holds
     /// ([`PowerCutDisk::cut`]), kills them and boots their disks from what was kept; start them
     /// again with [`Nodes::start`]. A node that is down or has no disk is left as it is.
-    pub async fn power_cut(&mut self, ids: &[NodeId]) -> anyhow::Result<()> {
+    ///
+    /// With `writeback` (a seed), each device first wrote back part of its cache
+    /// ([`PowerCutDisk::cut_after_partial_writeback`]; the seed and the node id pick the pieces).
+    pub async fn power_cut(
+        &mut self,
+        ids: &[NodeId],
+        writeback: Option<u64>,
+    ) -> anyhow::Result<()> {
         let cut: Vec<NodeId> = ids
             .iter()
             .copied()
@@ -205,7 +212,15 @@ impl Nodes {
         for id in &cut {
             let after_cut = self.settings.dir.join(format!("node-{id}.img.cut"));
             if let Some(disk) = self.nodes.get(id).and_then(|n| n.disk.as_ref()) {
-                kept.push((*id, after_cut.clone(), disk.cut(&after_cut)));
+                let copied = match writeback {
+                    None => disk.cut(&after_cut),
+                    Some(seed) => disk.cut_after_partial_writeback(
+                        &after_cut,
+                        seed ^ u64::from(id.unsigned_abs()),
+                        0.5,
+                    ),
+                };
+                kept.push((*id, after_cut.clone(), copied));
             }
         }
         for (id, after_cut, copied) in kept {
