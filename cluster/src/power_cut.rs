@@ -99,6 +99,26 @@ fn make_ext4(image: &Path, size_mib: u64) -> Result<(), String> {
     )
 }
 
+/// Unmounts `at`, retrying for up to [`UNMOUNT_WAIT`] while it is busy: a loop device lets go
+/// of its image a moment after the file system on it is unmounted (the kernel clears it
+/// asynchronously), and a killed process a moment after its kill.
+fn unmount(at: &Path) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + UNMOUNT_WAIT;
+    loop {
+        match run("umount", &[path_str(at)?]) {
+            Ok(()) => return Ok(()),
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "unmount busy; retrying");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How long [`unmount`] retries a busy file system.
+const UNMOUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn mount_loop(image: &Path, at: &Path) -> Result<(), String> {
     run(
         "mount",
@@ -199,11 +219,11 @@ impl PowerCutDisk {
             return Err(format!("{}: no such disk image", after_cut.display()));
         }
         if self.mounted {
-            run("umount", &[path_str(&self.mount_point)?])?;
+            unmount(&self.mount_point)?;
             self.mounted = false;
         }
         if self.device_mounted {
-            run("umount", &[path_str(&self.device)?])?;
+            unmount(&self.device)?;
             self.device_mounted = false;
         }
         std::fs::rename(after_cut, &self.media).map_err(|e| e.to_string())?;
