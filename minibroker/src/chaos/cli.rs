@@ -192,6 +192,12 @@ pub fn table(report: &RunReport) -> String {
         v.instances, v.fenced_requests
     );
     out += &format!("  faults: {}\n", faults.join(", "));
+    if report.partial_writebacks > 0 {
+        out += &format!(
+            "  power faults after a partial write-back of the device cache: {}\n",
+            report.partial_writebacks
+        );
+    }
     out += &format!("  {:<32} {:>6}\n", "anomaly", "count");
     for (kind, n) in v.by_kind() {
         out += &format!("  {:<32} {:>6}\n", kind.name(), n);

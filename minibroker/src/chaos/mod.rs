@@ -132,6 +132,9 @@ pub struct RunReport {
     pub seconds: f64,
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, usize>,
+    /// Power faults (cuts and outages) after which the devices had written back part of their
+    /// caches ([`cluster::power_cut::PowerCutDisk::cut_after_partial_writeback`]).
+    pub partial_writebacks: usize,
     /// What the checker found.
     pub verdict: Verdict,
     /// Where the history is (when kept).
@@ -305,16 +308,19 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<RunReport> {
 
     let verdict = checker::check(&history, &read);
     let mut faults = BTreeMap::new();
+    let mut partial_writebacks = 0;
     for entry in &history {
         if let Entry::Fault { what, .. } = entry {
             let kind = what.split_whitespace().next().unwrap_or("?").to_string();
             *faults.entry(kind).or_default() += 1;
+            partial_writebacks += usize::from(what.contains(nemesis::PARTIAL_WRITEBACK));
         }
     }
     Ok(RunReport {
         seed: options.seed,
         seconds: started.elapsed().as_secs_f64(),
         faults,
+        partial_writebacks,
         verdict,
         history: options.keep.as_ref().map(|d| d.join("history.jsonl")),
     })

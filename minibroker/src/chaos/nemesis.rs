@@ -30,6 +30,9 @@ use super::history::{now_us, Entry};
 use super::procs::{signal, Nodes};
 use super::{ChaosOptions, Worker, WorkerFactory};
 
+/// How a power fault's log line says that the devices wrote back part of their caches first.
+pub(crate) const PARTIAL_WRITEBACK: &str = ", part of the cache written back";
+
 /// The fault injector.
 pub struct Nemesis {
     rng: StdRng,
@@ -147,7 +150,7 @@ impl Nemesis {
                     // never flushed, in no order), the others none of it.
                     let writeback = self.rng.gen_bool(0.5).then(|| self.rng.gen::<u64>());
                     let cache = if writeback.is_some() {
-                        ", part of the cache written back"
+                        PARTIAL_WRITEBACK
                     } else {
                         ""
                     };
