@@ -443,6 +443,31 @@ where
     }
 }
 
+/// The throughput figures' channels to the coordinator: a few, so HTTP/2 is not the bottleneck.
+fn channels(endpoint: &str) -> anyhow::Result<Arc<Vec<Channel>>> {
+    let channels = (0..8)
+        .map(|_| Channel::from_shared(endpoint.to_string()).map(|e| e.connect_lazy()))
+        .collect::<Result<_, _>>()?;
+    Ok(Arc::new(channels))
+}
+
+/// The gRPC Init/Add/End cycle with `concurrency` ids (one per task) for `duration`.
+async fn cycles(
+    concurrency: usize,
+    duration: Duration,
+    channels: Arc<Vec<Channel>>,
+    retries: Arc<AtomicU64>,
+) -> Tally {
+    throughput(concurrency, duration, move |task, i| {
+        let mut c = Coord::new(channels[task % channels.len()].clone());
+        let r = retries.clone();
+        async move {
+            cycle(&mut c, &format!("bench-cycle-{task}"), (i % 4) as i32, &r).await;
+        }
+    })
+    .await
+}
+
 /// The latency figures, each a p50 and p99 (see [`latencies`]).
 struct Latencies {
     sled_lat: Latency,
@@ -641,21 +666,12 @@ async fn main() -> anyhow::Result<()> {
     );
 
     if a.only_cycle {
-        let channels: Vec<Channel> = (0..8)
-            .map(|_| Channel::from_shared(endpoint.clone()).map(|e| e.connect_lazy()))
-            .collect::<Result<_, _>>()?;
-        let channels = Arc::new(channels);
-        let r = retries.clone();
-        let tally = throughput(
+        let channels = channels(&endpoint)?;
+        let tally = cycles(
             a.concurrency,
             Duration::from_secs(a.seconds),
-            move |task, i| {
-                let mut c = Coord::new(channels[task % channels.len()].clone());
-                let r = r.clone();
-                async move {
-                    cycle(&mut c, &format!("bench-cycle-{task}"), (i % 4) as i32, &r).await;
-                }
-            },
+            channels,
+            retries.clone(),
         )
         .await;
         println!(
@@ -696,10 +712,7 @@ async fn main() -> anyhow::Result<()> {
 
     println!();
     // Throughput with `concurrency` ids; a few channels so HTTP/2 is not the bottleneck.
-    let channels: Vec<Channel> = (0..8)
-        .map(|_| Channel::from_shared(endpoint.clone()).map(|e| e.connect_lazy()))
-        .collect::<Result<_, _>>()?;
-    let channels = Arc::new(channels);
+    let channels = channels(&endpoint)?;
 
     let sled_tput = {
         let done = Arc::new(AtomicU64::new(0));
@@ -747,7 +760,7 @@ async fn main() -> anyhow::Result<()> {
     let before_retries = retries.load(Ordering::Relaxed);
     let (mut marker_requests, mut marker_txns) = (0u64, 0u64);
     let slice = Duration::from_secs(a.seconds) / a.rounds;
-    let (mut rpc, mut cycles) = (Tally::empty(), Tally::empty());
+    let (mut rpc, mut cycle_tally) = (Tally::empty(), Tally::empty());
     // A coordinator request refused at decode (InitProducerId with an empty id:
     // INVALID_REQUEST, nothing looked up or stored): the gRPC service's shell alone.
     let mut refused = Tally::empty();
@@ -802,22 +815,11 @@ async fn main() -> anyhow::Result<()> {
             })
             .await,
         );
-        let ch = channels.clone();
-        let r = retries.clone();
         let markers_before = (
             MARKER_REQUESTS.load(Ordering::Relaxed),
             MARKER_TXNS.load(Ordering::Relaxed),
         );
-        cycles.add(
-            throughput(a.concurrency, slice, move |task, i| {
-                let mut c = Coord::new(ch[task % ch.len()].clone());
-                let r = r.clone();
-                async move {
-                    cycle(&mut c, &format!("bench-cycle-{task}"), (i % 4) as i32, &r).await;
-                }
-            })
-            .await,
-        );
+        cycle_tally.add(cycles(a.concurrency, slice, channels.clone(), retries.clone()).await);
         // Markers of the slice's last cycles may still be in flight: a few at most.
         marker_requests += MARKER_REQUESTS.load(Ordering::Relaxed) - markers_before.0;
         marker_txns += MARKER_TXNS.load(Ordering::Relaxed) - markers_before.1;
@@ -847,7 +849,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let cycle_retries = retries.load(Ordering::Relaxed) - before_retries;
-    let (rpc_tput, cycle_tput) = (rpc.per_second(), cycles.per_second());
+    let (rpc_tput, cycle_tput) = (rpc.per_second(), cycle_tally.per_second());
 
     println!(
         "{:<44} {:>10.0} ops/s",
@@ -920,7 +922,7 @@ async fn main() -> anyhow::Result<()> {
         cycle_tput / sled_tput
     );
 
-    let cycle_count = cycles.ops as f64;
+    let cycle_count = cycle_tally.ops as f64;
     println!("targets (issue 10):");
     println!(
         "  InitProducerId p50 / (gRPC no-op p50 + sled flush p50) = {:>6.2}x   (target <= 1.2)",
@@ -937,7 +939,7 @@ async fn main() -> anyhow::Result<()> {
         cycle_requests / rpc_tput,
         cycle_requests
     );
-    if let (Some(rpc_cpu), Some(cycle_cpu)) = (rpc.cpu_us_per_op(), cycles.cpu_us_per_op()) {
+    if let (Some(rpc_cpu), Some(cycle_cpu)) = (rpc.cpu_us_per_op(), cycle_tally.cpu_us_per_op()) {
         println!(
             "  (context) process CPU per coordinator request / per no-op = {:>6.2}x   ({:.1} us vs {:.1} us)",
             cycle_cpu / 3.0 / rpc_cpu,
