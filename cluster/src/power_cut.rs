@@ -276,6 +276,12 @@ mod tests {
             mounted: false,
         };
         assert!(disk.cut(&dir.path().join("copy.img")).is_err());
+        // No device file system, no image in it: an error saying which file, no copy made.
+        let err = disk
+            .cut_after_partial_writeback(&dir.path().join("copy.img"), 1, 0.5)
+            .unwrap_err();
+        assert!(err.contains("disk.img"), "{err}");
+        assert!(!dir.path().join("copy.img").exists());
         assert!(disk.boot_from(&dir.path().join("missing.img")).is_err());
         assert!(!disk.mounted && !disk.device_mounted);
     }
